@@ -1,0 +1,1 @@
+"""llamaray application code: plain Python, no Ray imports (deployments/ wires it into Ray Serve)."""

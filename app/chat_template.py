@@ -1,0 +1,116 @@
+"""Render a model's own Jinja chat template, sandboxed, the way Hugging Face templates expect.
+
+Message content is data, never template source: `{{ 7*7 }}` typed by a user stays literal text.
+Template errors raised on purpose (`raise_exception("roles must alternate")`) are the client's
+problem and become 400s; anything else is a server-side template bug.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import APIError, invalid_request
+
+
+class TemplateRaised(Exception):
+    """`raise_exception(...)` called by the template itself."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    # HF's tojson keeps non-ASCII as-is; Jinja's built-in would HTML-escape.
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def check_template(source: str) -> None:
+    """Raise ValueError when the template does not even compile (caught at build time)."""
+    try:
+        compile_template(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template does not compile: {exc.message} (line {exc.lineno})") from None
+
+
+def content_text(content: Any) -> str:
+    """OpenAI content (string or list of text parts) as the plain text a template expects."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the dicts HF templates read (string content, tool-call args as objects)."""
+    out = []
+    for msg in messages:
+        m: dict[str, Any] = {"role": msg["role"], "content": content_text(msg.get("content"))}
+        if msg.get("name"):
+            m["name"] = msg["name"]
+        if msg.get("tool_call_id"):
+            m["tool_call_id"] = msg["tool_call_id"]
+        if msg.get("reasoning_content"):
+            m["reasoning_content"] = msg["reasoning_content"]
+        if msg.get("tool_calls"):
+            calls = []
+            for call in msg["tool_calls"]:
+                fn = call["function"]
+                try:
+                    args: Any = json.loads(fn["arguments"]) if fn.get("arguments") else {}
+                except json.JSONDecodeError:
+                    args = fn["arguments"]
+                calls.append({"id": call.get("id"), "type": "function",
+                              "function": {"name": fn["name"], "arguments": args}})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def render_prompt(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    extra: dict[str, Any] | None = None,
+) -> str:
+    template = compile_template(source)
+    try:
+        return template.render(
+            messages=template_messages(messages),
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **(extra or {}),
+        )
+    except TemplateRaised as exc:
+        raise invalid_request(f"The model's chat template rejected the messages: {exc}", param="messages") from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise invalid_request(f"The chat template tried an unsafe operation: {exc}", param="messages") from None
+    except (jinja2.TemplateError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise APIError(f"The model's chat template failed to render: {exc}", status=500,
+                       type="server_error", code="chat_template_error") from None

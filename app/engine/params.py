@@ -1,0 +1,47 @@
+"""What one generation asks for, as plain data that crosses Ray hops cheaply."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    # llama.cpp's defaults (llama-server uses the same), not OpenAI's: temperature 1.0 with no
+    # top-k/min-p makes small local models ramble.
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    grammar: str | None = None
+
+    def resolved_seed(self) -> int:
+        """llama.cpp takes a 32-bit seed; 0xFFFFFFFF means "random", so never pass it."""
+        if self.seed is None:
+            return random.getrandbits(31)
+        return (self.seed & 0xFFFFFFFF) % 0xFFFFFFFF
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt: str
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GenerationRequest":
+        d = dict(d)
+        d["sampling"] = SamplingParams(**d.get("sampling", {}))
+        return cls(**d)

@@ -1,0 +1,37 @@
+"""Stop sequences on a text stream: never emit text that might turn out to be part of a stop."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop matched). After a match, stop feeding."""
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if hits:
+            cut = min(i for i, _ in hits)
+            self._held = ""
+            return buf[:cut], True
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        out, self._held = self._held, ""
+        return out
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), best, -1):
+                if buf.endswith(s[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,114 @@
+"""OpenAI-shaped errors: one exception type that knows its HTTP status and JSON body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
+
+    status: int = 500
+    type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __reduce__(self):  # keep status/param/code when pickled across Ray hops
+        return (_rebuild, (self.message, self.param, self.code, self.status, self.type))
+
+    def __repr__(self) -> str:
+        return f"APIError({self.status}, {self.type}, {self.message!r}, param={self.param!r}, code={self.code!r})"
+
+
+def _rebuild(message: str, param: str | None, code: str | None, status: int, type: str) -> APIError:
+    return APIError(message, param=param, code=code, status=status, type=type)
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(message, param=param, code=code, status=400, type="invalid_request_error")
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+        status=404,
+        type="invalid_request_error",
+    )
+
+
+def not_found(message: str) -> APIError:
+    return APIError(message, status=404, type="invalid_request_error", code="not_found")
+
+
+def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | None) -> APIError:
+    if max_tokens is None:
+        detail = f"your messages resulted in {prompt_tokens} tokens"
+    else:
+        detail = (
+            f"you requested {prompt_tokens + max_tokens} tokens "
+            f"({prompt_tokens} in the messages, {max_tokens} in the completion)"
+        )
+    return APIError(
+        f"This model's maximum context length is {n_ctx} tokens. However, {detail}. "
+        "Please reduce the length of the messages or completion.",
+        param="messages",
+        code="context_length_exceeded",
+        status=400,
+        type="invalid_request_error",
+    )
+
+
+def service_unavailable(message: str, *, code: str = "service_unavailable") -> APIError:
+    return APIError(message, status=503, type="server_error", code=code)
+
+
+def internal_error(message: str = "The server had an error while processing your request.") -> APIError:
+    return APIError(message, status=500, type="server_error", code="internal_error")
+
+
+def as_api_error(exc: BaseException | None) -> APIError | None:
+    """The APIError inside `exc`: itself, or the original a remote-call wrapper carries.
+
+    Ray re-raises a remote exception as a wrapper that subclasses the original class but
+    does not carry its attributes; the original is in `.cause`, so look there first.
+    """
+    for _ in range(8):
+        if exc is None:
+            return None
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            exc = cause
+            continue
+        if isinstance(exc, APIError):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Status and body for any exception: APIError as-is, anything else a generic 500."""
+    api = as_api_error(exc)
+    if api is not None:
+        return api.status, api.to_dict()
+    return 500, internal_error().to_dict()

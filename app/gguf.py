@@ -1,0 +1,86 @@
+"""Read the key/value metadata of a GGUF file without loading the model.
+
+The builder validates every configured model at `serve run` time (path, format, chat template)
+on a CPU node that may never load llama.cpp, so this is plain Python over the documented format:
+magic "GGUF", version, tensor count, kv count, then typed key/value pairs.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any, BinaryIO
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF value types (ggml/include/gguf.h).
+_SCALARS = {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+    10: "<Q", 11: "<q", 12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFError(ValueError):
+    """The file is not a readable GGUF model."""
+
+
+def _read(f: BinaryIO, fmt: str) -> Any:
+    size = struct.calcsize(fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise GGUFError("unexpected end of file in GGUF metadata")
+    return struct.unpack(fmt, data)[0]
+
+
+def _read_string(f: BinaryIO) -> str:
+    n = _read(f, "<Q")
+    data = f.read(n)
+    if len(data) != n:
+        raise GGUFError("unexpected end of file in GGUF string")
+    return data.decode("utf-8", errors="replace")
+
+
+def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
+    if vtype in _SCALARS:
+        return _read(f, _SCALARS[vtype])
+    if vtype == _STRING:
+        return _read_string(f)
+    if vtype == _ARRAY:
+        item_type = _read(f, "<I")
+        count = _read(f, "<Q")
+        if not keep and item_type in _SCALARS:
+            # Skip big numeric arrays (token scores, types) without decoding them.
+            f.seek(count * struct.calcsize(_SCALARS[item_type]), 1)
+            return None
+        items = [_read_value(f, item_type, keep) for _ in range(count)]
+        return items if keep else None
+    raise GGUFError(f"unknown GGUF value type {vtype}")
+
+
+def read_metadata(path: str | Path, keep_arrays: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Return the GGUF key/value metadata. Arrays are kept only for keys in `keep_arrays`."""
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file (bad magic)")
+        version = _read(f, "<I")
+        if version < 2:
+            raise GGUFError(f"{path}: GGUF version {version} is not supported")
+        _read(f, "<Q")  # tensor count
+        n_kv = _read(f, "<Q")
+        meta: dict[str, Any] = {"gguf.version": version}
+        for _ in range(n_kv):
+            key = _read_string(f)
+            vtype = _read(f, "<I")
+            value = _read_value(f, vtype, keep=key in keep_arrays)
+            if value is not None:
+                meta[key] = value
+        return meta
+
+
+def special_token_text(meta: dict[str, Any], tokens: list[str] | None, key: str) -> str:
+    """Text of a special token (e.g. `tokenizer.ggml.bos_token_id`), '' when absent."""
+    token_id = meta.get(key)
+    if tokens is None or token_id is None or not 0 <= token_id < len(tokens):
+        return ""
+    return tokens[token_id]

@@ -1,0 +1,270 @@
+"""Request models with OpenAI's field names and ranges, and helpers for error messages.
+
+Unknown top-level fields are accepted and ignored (SDKs and frameworks send extras); fields we
+know but cannot honour (e.g. `n` > 1, `logprobs`) are rejected with a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import APIError, invalid_request
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- message content ---------------------------------------------------------------------------
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Model):
+    type: Literal["image_url"]
+    image_url: Any = None
+
+
+class AudioPart(_Model):
+    type: Literal["input_audio"]
+    input_audio: Any = None
+
+
+class FilePart(_Model):
+    type: Literal["file"]
+    file: Any = None
+
+
+class RefusalPart(_Model):
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart, RefusalPart], Field(discriminator="type")]
+Content = Union[str, list[ContentPart]]
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(_Model):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(_Model):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(_Model):
+    role: Literal["assistant"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> "AssistantMessage":
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs `content` or `tool_calls`")
+        return self
+
+
+class ToolMessage(_Model):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")]
+
+
+# ---- tools -------------------------------------------------------------------------------------
+
+TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class FunctionDef(_Model):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not TOOL_NAME_RE.match(v):
+            raise ValueError("function name must match ^[a-zA-Z0-9_-]{1,64}$")
+        return v
+
+
+class Tool(_Model):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+class StreamOptions(_Model):
+    include_usage: bool | None = None
+
+
+class JSONSchemaFormat(_Model):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+# ---- the request -------------------------------------------------------------------------------
+
+class ChatCompletionRequest(_Model):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    n: int | None = Field(default=None, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    user: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # llama.cpp-style extras, as llama-server accepts them
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0, le=10)
+    grammar: str | None = None
+    include_reasoning: bool | None = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list):
+            if len(v) > 4:
+                raise ValueError("at most 4 stop sequences are allowed")
+            if any(s == "" for s in v):
+                raise ValueError("stop sequences must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatCompletionRequest":
+        if self.n not in (None, 1):
+            raise _Unsupported("n", "Only n=1 is supported.")
+        if self.logprobs:
+            raise _Unsupported("logprobs", "logprobs are not supported by this server.")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class _Unsupported(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _param_path(loc: tuple[Any, ...]) -> str | None:
+    """pydantic location -> OpenAI-style param (`messages[0].role`), skipping union tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in {"system", "developer", "user", "assistant", "tool", "text", "image_url",
+                      "input_audio", "file", "refusal", "str", "list[...]", "function-after",
+                      "function-before", "function-plain", "literal['none','auto','required']",
+                      "NamedToolChoice"} or str(part).startswith(("list[", "literal[")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind = err.get("type")
+    ctx = err.get("ctx") or {}
+    if kind == "union_tag_invalid":
+        tag = ctx.get("tag")
+        expected = ctx.get("expected_tags")
+        return f"Invalid value {tag!r}: expected one of {expected}."
+    if kind == "union_tag_not_found":
+        return f"Missing required discriminator field {ctx.get('discriminator')}."
+    if kind == "missing":
+        return "Missing required parameter."
+    if kind == "value_error" and isinstance(ctx.get("error"), _Unsupported):
+        return str(ctx["error"])
+    msg = err.get("msg", "Invalid value.")
+    return msg.removeprefix("Value error, ")
+
+
+def parse_chat_request(payload: Any) -> ChatCompletionRequest:
+    """Validate a decoded JSON body; the first problem becomes a 400 naming its `param`."""
+    if not isinstance(payload, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    try:
+        return ChatCompletionRequest.model_validate(payload)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    ctx = first.get("ctx") or {}
+    if isinstance(ctx.get("error"), _Unsupported):
+        return invalid_request(str(ctx["error"]), param=ctx["error"].param, code="unsupported_parameter")
+    param = _param_path(tuple(first.get("loc", ())))
+    if first.get("type") == "union_tag_invalid" and param:
+        param += "." + str(ctx.get("discriminator", "")).strip("'")
+    detail = _describe(first)
+    message = f"Invalid parameter `{param}`: {detail}" if param else detail
+    more = len(errors) - 1
+    if more:
+        message += f" (and {more} more error{'s' if more > 1 else ''})"
+    code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+    return invalid_request(message, param=param, code=code)

@@ -1,0 +1,133 @@
+"""The HTTP surface (Starlette): validate, pick the model, hand off to the backend, frame SSE.
+
+Kept thin on purpose: no per-token work beyond SSE framing happens here. The backend (the
+ChatProcessor deployment in production, a fake in unit tests) does prompt and reply work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .errors import APIError, error_body, invalid_request, model_not_found, not_found
+from .schemas import ChatCompletionRequest, parse_chat_request
+from .sse import SSE_HEADERS, encode_event, frame_stream
+
+log = logging.getLogger("llamaray.server")
+
+
+class ChatBackend(Protocol):
+    async def complete(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream(self, request: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+    async def ready(self) -> dict[str, bool]: ...
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    id: str
+    owned_by: str = "llamaray"
+    created: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    if status >= 500 and not isinstance(exc, APIError):
+        log.exception("unhandled error", exc_info=exc)
+    return JSONResponse(body, status_code=status)
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request: {exc}. "
+            "The body must be valid JSON (Content-Type: application/json)."
+        ) from None
+
+
+def build_app(backend: ChatBackend, models: list[ModelCard]) -> Starlette:
+    cards = {m.id: m for m in models}
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            chat = parse_chat_request(await _read_json(request))
+            if chat.model not in cards:
+                raise model_not_found(chat.model)
+            if chat.stream_options is not None and not chat.stream:
+                raise invalid_request("`stream_options` is only allowed when `stream` is true.",
+                                      param="stream_options")
+            payload = chat.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if not chat.stream:
+                return JSONResponse(await backend.complete(payload))
+            events = backend.stream(payload)
+            # Pull the first batch before answering, so errors found before any token
+            # (context length, bad grammar, model unavailable) keep their HTTP status.
+            first = await anext(events)
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+        return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _sse(first: list[dict[str, Any]], events: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+        if first:
+            yield b"".join(encode_event(c) for c in first)
+        async for chunk in frame_stream(events, lambda exc: error_body(exc)[1]):
+            yield chunk
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [c.to_dict() for c in cards.values()]})
+
+    async def get_model(request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id not in cards:
+            return error_response(model_not_found(model_id))
+        return JSONResponse(cards[model_id].to_dict())
+
+    async def health(request: Request) -> Response:
+        try:
+            ready = await backend.ready()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("health check failed: %s", exc)
+            ready = {m: False for m in cards}
+        ok = bool(ready) and all(ready.get(m, False) for m in cards)
+        return JSONResponse({"status": "ok" if ok else "loading", "models": ready}, status_code=200 if ok else 503)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
+                                           status=405, type="invalid_request_error", code="method_not_allowed"))
+        return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error_response(exc)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def model_cards(specs: list[Any]) -> list[ModelCard]:
+    created = int(time.time())
+    return [ModelCard(id=s.id, owned_by=s.owned_by, created=created) for s in specs]

@@ -1,0 +1,1 @@
+"""Ray Serve wiring for llamaray: thin deployment classes around app/ and the app builder."""

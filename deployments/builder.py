@@ -1,0 +1,31 @@
+"""The application builder named in serve_config.yaml: validated args -> deployment graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from app.chat_template import check_template
+from app.config import ConfigError, deployment_name, parse_args, resolve_models
+
+from .chat_processor import ChatProcessor
+from .ingress import Ingress
+from .llama_model import LlamaModel
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    specs = resolve_models(parse_args(args))
+    for spec in specs:
+        try:
+            check_template(spec.chat_template)
+        except ValueError as exc:
+            raise ConfigError(f"model {spec.id!r}: {exc}") from None
+    models = {
+        spec.id: LlamaModel.options(name=deployment_name(spec.id), max_ongoing_requests=spec.n_seq_max)
+        .bind(spec.to_dict())
+        for spec in specs
+    }
+    spec_dicts = [s.to_dict() for s in specs]
+    processor = ChatProcessor.bind(spec_dicts, models)
+    return Ingress.bind(processor, spec_dicts, models)

@@ -1,0 +1,61 @@
+"""Ingress: the Starlette app from app/server.py, backed by handles to the ChatProcessor."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from app.config import ModelSpec
+from app.server import build_app, model_cards
+
+from .errors import to_api_error
+
+
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.ingress()
+class Ingress:
+    def __init__(self, processor: DeploymentHandle, specs: list[dict[str, Any]],
+                 models: dict[str, DeploymentHandle]) -> None:
+        self.processor = processor
+        self.stream_processor = processor.options(stream=True)
+        self.specs = [ModelSpec.from_dict(s) for s in specs]
+        self.models = models
+
+    def __serve_build_asgi_app__(self):
+        return build_app(self, model_cards(self.specs))
+
+    async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self.processor.complete.remote(payload)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
+
+    async def stream(self, payload: dict[str, Any]):
+        gen = self.stream_processor.stream.remote(payload)
+        try:
+            async for batch in gen:
+                yield batch
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
+        finally:
+            gen.cancel()
+
+    def resources(self) -> dict[str, float]:
+        """Resources Ray reserved for this replica (GPU placement checks)."""
+        return ray.get_runtime_context().get_assigned_resources()
+
+    async def ready(self) -> dict[str, bool]:
+        async def one(handle: DeploymentHandle) -> bool:
+            try:
+                stats = await asyncio.wait_for(handle.stats.remote(), timeout=5)
+                return bool(stats.get("healthy"))
+            except Exception:  # noqa: BLE001 - not loaded yet, or failing: not ready
+                return False
+
+        ids = list(self.models)
+        results = await asyncio.gather(*(one(self.models[m]) for m in ids))
+        return dict(zip(ids, results))

@@ -1,0 +1,110 @@
+"""Start a real local Ray Serve from a serve config dict, the way `serve run <config>` does."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from app.config_overlay import merge
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "llamaray"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
+    """serve_config.yaml with overlays (paths relative to the repo, or dicts) merged in order."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    for overlay in overlays:
+        data = yaml.safe_load((ROOT / overlay).read_text()) if isinstance(overlay, str) else overlay
+        config = merge(config, copy.deepcopy(data))
+    return config
+
+
+class ServeCluster:
+    def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
+                 timeout_s: float = 240) -> None:
+        self.config = config
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> "ServeCluster":
+        import ray
+        from ray.serve._private import api as serve_api
+        from ray.serve.config import ProxyLocation
+        from ray.serve.schema import ServeDeploySchema
+
+        ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
+                 namespace="serve", log_to_driver=False)
+        client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": self.port},
+                                       proxy_location=ProxyLocation.HeadOnly)
+        config = copy.deepcopy(self.config)
+        config.pop("http_options", None)
+        config["proxy_location"] = "HeadOnly"
+        client.deploy_apps(ServeDeploySchema.model_validate(config), _blocking=False)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        from ray import serve
+
+        deadline = time.monotonic() + self.timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            status = serve.status().applications.get(APP)
+            last = status
+            if status is not None and status.status == "DEPLOY_FAILED":
+                raise RuntimeError(f"deploy failed: {status.message}")
+            if status is not None and status.status == "RUNNING":
+                try:
+                    if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.5)
+        raise TimeoutError(f"app not ready after {self.timeout_s}s: {last}")
+
+    def handle(self, deployment: str):
+        from ray import serve
+
+        return serve.get_deployment_handle(deployment, app_name=APP)
+
+    def __exit__(self, *exc: Any) -> None:
+        import ray
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def sse_events(body: str) -> list[str]:
+    """The `data:` payloads of an SSE body, in order."""
+    out = []
+    for block in body.split("\n\n"):
+        block = block.strip()
+        if block:
+            assert block.startswith("data: "), f"not an SSE data event: {block!r}"
+            out.append(block[len("data: "):])
+    return out
+
+
+def sse_json(body: str) -> tuple[list[dict[str, Any]], list[str]]:
+    events = sse_events(body)
+    return [json.loads(e) for e in events if e != "[DONE]"], events
