@@ -1,0 +1,137 @@
+"""Small helpers shared by the streaming parsers.
+
+* ``partial_prefix_len`` - how much of a buffer's end must be held back
+  because it may be the beginning of a tag / marker.
+* ``find_first`` - the earliest complete occurrence of any of several tags.
+* ``find_json_end`` / ``JsonEndScanner`` - string-aware end finder for a JSON
+  object/array (or a Python list literal when ``python=True``), incremental.
+* ``EdgeTrim`` - the "whitespace next to a tag is dropped" rule, applied to a
+  stream of text pieces (holds back trailing whitespace until it is known
+  whether a tag follows).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_OPEN = "{["
+_CLOSE = "}]"
+
+
+def partial_prefix_len(buf: str, markers: Iterable[str]) -> int:
+    """Length of the longest suffix of ``buf`` that is a *proper* prefix of a marker.
+
+    That suffix is the minimum that must be held back so that no fragment of
+    a marker is ever emitted; everything before it can be emitted safely.
+    """
+    markers = tuple(markers)
+    longest = max((len(m) for m in markers), default=0)
+    for k in range(min(len(buf), longest - 1), 0, -1):
+        tail = buf[-k:]
+        if any(len(m) > k and m.startswith(tail) for m in markers):
+            return k
+    return 0
+
+
+def find_first(buf: str, tags: Iterable[str], start: int = 0) -> tuple[int, str | None]:
+    """Earliest complete occurrence of any tag: ``(index, tag)`` or ``(-1, None)``."""
+    best, best_tag = -1, None
+    for tag in tags:
+        i = buf.find(tag, start)
+        if i >= 0 and (best < 0 or i < best):
+            best, best_tag = i, tag
+    return best, best_tag
+
+
+class JsonEndScanner:
+    """Incremental, string-aware end finder for a JSON value opened at ``start``.
+
+    ``text[start]`` must be ``{`` or ``[``. Brackets inside strings are
+    ignored (double-quoted strings; single-quoted too when ``python``),
+    backslash escapes are honoured. Bracket kinds are only counted, not
+    matched: a mismatched value is rejected later by the real parser.
+    ``end(text)`` returns the index just past the closing bracket, or -1 while
+    the value is not closed; it resumes where the previous call stopped, so
+    a growing buffer is scanned once in all (the text before the scanned
+    position must not change between calls).
+    """
+
+    __slots__ = ("start", "_quotes", "_i", "_depth", "_quote", "_end")
+
+    def __init__(self, start: int = 0, *, python: bool = False) -> None:
+        self.start = start
+        self._quotes = "\"'" if python else '"'
+        self._i = start
+        self._depth = 0
+        self._quote: str | None = None
+        self._end = -1
+
+    def end(self, text: str) -> int:
+        if self._end >= 0:
+            return self._end
+        if self._i == self.start and (self.start >= len(text) or text[self.start] not in _OPEN):
+            return -1
+        i, depth, quote, n = self._i, self._depth, self._quote, len(text)
+        while i < n:
+            c = text[i]
+            if quote is not None:
+                if c == "\\":
+                    if i + 1 >= n:
+                        break  # resume at the backslash once more text came
+                    i += 2
+                    continue
+                if c == quote:
+                    quote = None
+            elif c in self._quotes:
+                quote = c
+            elif c in _OPEN:
+                depth += 1
+            elif c in _CLOSE:
+                depth -= 1
+                if depth == 0:
+                    self._end = i + 1
+                    break
+            i += 1
+        self._i, self._depth, self._quote = i, depth, quote
+        return self._end
+
+
+def find_json_end(text: str, start: int = 0, *, python: bool = False) -> int:
+    """Index just past the bracket closing the JSON value opened at ``text[start]``
+    (``{`` or ``[``), or -1 when not closed. See ``JsonEndScanner``."""
+    return JsonEndScanner(start, python=python).end(text)
+
+
+class EdgeTrim:
+    """Drops the whitespace on both sides of a cut point (a tag, a tool call).
+
+    ``push`` returns the text that can be emitted now: trailing whitespace is
+    held back (``pending``) until non-whitespace follows; ``cut()`` drops the
+    held whitespace and the whitespace that comes next. ``flush`` releases
+    what is still held at the end of the stream. The output for a text does
+    not depend on how the text was split into pieces.
+    """
+
+    __slots__ = ("pending", "strip_leading")
+
+    def __init__(self, strip_leading: bool = False) -> None:
+        self.pending = ""
+        self.strip_leading = strip_leading
+
+    def push(self, text: str) -> str:
+        if self.strip_leading:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self.strip_leading = False
+        text = self.pending + text
+        body = text.rstrip()
+        self.pending = text[len(body):]
+        return body
+
+    def cut(self) -> None:
+        self.pending = ""
+        self.strip_leading = True
+
+    def flush(self) -> str:
+        held, self.pending = self.pending, ""
+        return held

@@ -1,0 +1,41 @@
+"""Hermes 2 Pro / Qwen2.5 / Qwen3 tool calls.
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Each block is one call (a block holding a JSON list of call objects gives
+several). Blocks may appear anywhere; prose around them is content. A block
+is complete at ``</tool_call>``; at the end of the stream a block without
+its closing tag is still accepted when its text is a valid call.
+"""
+from __future__ import annotations
+
+from ..partial import find_json_end, partial_prefix_len
+from .base import Call, ToolParser, calls_from_json
+
+START = "<tool_call>"
+END = "</tool_call>"
+
+
+class HermesToolParser(ToolParser):
+    name = "hermes"
+
+    def _scan(self, buf: str, final: bool) -> tuple[int, int]:
+        i = buf.find(START)
+        return (i, 0) if i >= 0 else (-1, partial_prefix_len(buf, (START,)))
+
+    def _take(self, buf: str, final: bool) -> tuple[int, list[Call] | None] | None:
+        # resume the search for END where the previous feed left it
+        frm = self._region.get("from", len(START))
+        j = buf.find(END, frm)
+        if j < 0:
+            if not final:
+                self._region["from"] = max(frm, len(buf) - len(END) + 1)
+                return None
+            return len(buf), calls_from_json(buf[len(START):].strip())
+        return j + len(END), calls_from_json(buf[len(START):j].strip())
+
+    def _json_open(self, buf: str) -> bool:
+        body = buf[len(START):].lstrip()
+        return not body or (body[0] in "{[" and find_json_end(body) < 0)
