@@ -116,7 +116,7 @@ def _markers(meta):
 
 def _claimed(case):
     """Replies whose calls are not claimed keep their raw text (markers included) as content."""
-    meta, _ = case
+    meta = case.values[0]
     think, tool = _markers(meta)
     return not any(m in (meta["expected"]["content"] or "") for m in tool + think)
 
