@@ -10,14 +10,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .chat_template import render_prompt
 from .config import ModelSpec
 from .engine.params import GenerationRequest, SamplingParams
-from .errors import APIError, model_not_found
+from .errors import APIError, invalid_request, model_not_found
+from .grammars import json_grammar
+from .parsers import ReplyParser
 from .reply import make_reply_parser
 from .schemas import ChatCompletionRequest
+from .tool_calling import ReplyFormat, plan_tools, resolve_reply_format
 
 OpenStream = Callable[[str, dict[str, Any]], AsyncIterator[list[dict[str, Any]]]]
 
@@ -29,20 +33,60 @@ def sampling_from(req: ChatCompletionRequest) -> SamplingParams:
         value = getattr(req, name)
         if value is not None:
             setattr(p, name, value)
-    if req.grammar:
-        p.grammar = req.grammar
     return p
 
 
+def format_grammar(req: ChatCompletionRequest) -> str | None:
+    """The grammar `response_format` or the llama.cpp-style `grammar` field asks for."""
+    fmt = req.response_format
+    wants_json = fmt is not None and fmt.type != "text"
+    if wants_json and req.grammar:
+        raise invalid_request("Use either `response_format` or `grammar`, not both.", param="grammar")
+    if req.grammar:
+        return req.grammar
+    if not wants_json:
+        return None
+    if fmt.type == "json_object":
+        return json_grammar({"type": "object"}, "response_format")
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise invalid_request("`response_format.json_schema.schema` is required for type `json_schema`.",
+                              param="response_format.json_schema")
+    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema")
+
+
+def split_call_deltas(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's call shape: a call's first delta has index, id, type, name and empty arguments;
+    the arguments follow in deltas that carry only `index` and `function.arguments`."""
+    out: list[dict[str, Any]] = []
+    for delta in deltas:
+        calls = delta.get("tool_calls")
+        if not calls:
+            out.append(delta)
+            continue
+        for call in calls:
+            args = call["function"].get("arguments", "")
+            if "id" in call:
+                out.append({"tool_calls": [{**call, "function": {**call["function"], "arguments": ""}}]})
+                if args:
+                    out.append({"tool_calls": [{"index": call["index"], "function": {"arguments": args}}]})
+            else:
+                out.append({"tool_calls": [call]})
+    return out
+
+
 class _Reply:
-    """Accumulates one request's engine events."""
+    """Accumulates one request's engine events (over continuation rounds too)."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.started = False
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: str | None = None
+
+    def full_text(self) -> str:
+        return "".join(self.text)
 
     def usage(self) -> dict[str, Any]:
         return {
@@ -52,62 +96,118 @@ class _Reply:
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
-    def take(self, ev: dict[str, Any]) -> None:
-        if ev["type"] == "start":
-            self.prompt_tokens = ev["prompt_tokens"]
-            self.cached_tokens = ev["cached_tokens"]
-        elif ev["type"] == "text":
-            self.text.append(ev["text"])
-        elif ev["type"] == "end":
-            self.prompt_tokens = ev["prompt_tokens"]
-            self.completion_tokens = ev["completion_tokens"]
-            self.cached_tokens = ev["cached_tokens"]
-            self.finish_reason = ev["finish_reason"]
+    def start(self, ev: dict[str, Any]) -> None:
+        self.started = True
+        self.prompt_tokens = ev["prompt_tokens"]
+        self.cached_tokens = ev["cached_tokens"]
+
+
+@dataclass
+class _Plan:
+    req: ChatCompletionRequest
+    spec: ModelSpec
+    gen: GenerationRequest
+    tool_parser: str | None
+    fmt: ReplyFormat
+
+    def parser(self) -> ReplyParser:
+        return make_reply_parser(self.fmt, self.req, self.tool_parser)
 
 
 class ChatService:
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream) -> None:
         self.models = {s.id: s for s in specs}
+        self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
+                        for s in specs}
         self.open_stream = open_stream
 
-    def _prepare(self, payload: dict[str, Any]) -> tuple[ChatCompletionRequest, ModelSpec, GenerationRequest]:
+    def _prepare(self, payload: dict[str, Any]) -> _Plan:
         req = ChatCompletionRequest.model_validate(payload)
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
+        fmt = self.formats[spec.id]
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = plan_tools(fmt, req, messages)
+        grammar = format_grammar(req)
+        if tools.grammar:
+            grammar = tools.grammar  # a forced call wins over a free-form format
         prompt = render_prompt(
             spec.chat_template,
-            [m.model_dump(exclude_none=True) for m in req.messages],
-            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+            tools.messages,
+            tools=tools.template_tools,
             bos_token=spec.bos_token,
             eos_token=spec.eos_token,
         )
+        sampling = sampling_from(req)
+        sampling.grammar = grammar
         gen = GenerationRequest(
             request_id=uuid.uuid4().hex,
             prompt=prompt,
             max_tokens=req.completion_limit,
             stop=req.stop_list,
-            sampling=sampling_from(req),
+            sampling=sampling,
         )
-        return req, spec, gen
+        return _Plan(req, spec, gen, tools.parser, fmt)
+
+    async def _generate(self, plan: _Plan, parser: ReplyParser, reply: _Reply) -> AsyncIterator[list[dict[str, Any]]]:
+        """Engine events for the request, recorded in `reply`. A reply that `max_tokens` cut
+        inside a tool call's JSON is continued (bounded rounds) so the client gets a whole call;
+        the continuation's start/end events are folded into the one reply."""
+        gen = plan.gen
+        rounds = 0
+        while True:
+            continued = False
+            async for batch in self.open_stream(plan.spec.id, gen.to_dict()):
+                out = []
+                for ev in batch:
+                    kind = ev["type"]
+                    if kind == "start":
+                        if reply.started:
+                            continue
+                        reply.start(ev)
+                    elif kind == "text":
+                        reply.text.append(ev["text"])
+                    elif kind == "end":
+                        reply.completion_tokens += ev["completion_tokens"]
+                        if (ev["finish_reason"] == "length" and plan.tool_parser
+                                and rounds < plan.spec.tool_continuation_rounds
+                                and parser.has_open_call(reply.full_text())):
+                            continued = True
+                            continue
+                        reply.finish_reason = ev["finish_reason"]
+                    out.append(ev)
+                if out:
+                    yield out
+            if not continued:
+                if reply.finish_reason is None:
+                    raise APIError("The model stream ended without finishing.", status=502, type="server_error",
+                                   code="incomplete_generation")
+                return
+            rounds += 1
+            # Continue from prompt + everything generated; the slot's KV prefix is reused.
+            gen = GenerationRequest(
+                request_id=uuid.uuid4().hex,
+                prompt=plan.gen.prompt + reply.full_text(),
+                max_tokens=plan.spec.tool_continuation_tokens,
+                stop=plan.gen.stop,
+                # keep a forced call's grammar, resumed after the text it already produced
+                sampling=replace(plan.gen.sampling, grammar_prefix=reply.full_text()),
+            )
 
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
-        req, spec, gen = self._prepare(payload)
+        plan = self._prepare(payload)
+        parser = plan.parser()
         reply = _Reply()
-        async for batch in self.open_stream(spec.id, gen.to_dict()):
-            for ev in batch:
-                reply.take(ev)
-        if reply.finish_reason is None:
-            raise APIError("The model stream ended without finishing.", status=502, type="server_error",
-                           code="incomplete_generation")
-        parser = make_reply_parser(spec, req)
-        message = parser.parse("".join(reply.text))
+        async for _ in self._generate(plan, parser, reply):
+            pass
+        message = parser.parse(reply.full_text())
         finish = "tool_calls" if message.get("tool_calls") else reply.finish_reason
         return {
-            "id": f"chatcmpl-{gen.request_id}",
+            "id": f"chatcmpl-{plan.gen.request_id}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": req.model,
+            "model": plan.req.model,
             "choices": [{
                 "index": 0,
                 "message": {"role": "assistant", "content": message.get("content"), "refusal": None,
@@ -119,12 +219,12 @@ class ChatService:
         }
 
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
-        req, spec, gen = self._prepare(payload)
-        parser = make_reply_parser(spec, req)
+        plan = self._prepare(payload)
+        parser = plan.parser()
         reply = _Reply()
-        include_usage = req.include_usage
-        base = {"id": f"chatcmpl-{gen.request_id}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": req.model}
+        include_usage = plan.req.include_usage
+        base = {"id": f"chatcmpl-{plan.gen.request_id}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": plan.req.model}
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             c = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -132,22 +232,18 @@ class ChatService:
                 c["usage"] = None
             return c
 
-        async for batch in self.open_stream(spec.id, gen.to_dict()):
+        async for batch in self._generate(plan, parser, reply):
             out: list[dict[str, Any]] = []
             for ev in batch:
-                reply.take(ev)
                 if ev["type"] == "start":
                     out.append(chunk({"role": "assistant", "content": ""}))
                 elif ev["type"] == "text":
-                    out.extend(chunk(d) for d in parser.feed(ev["text"]))
+                    out.extend(chunk(d) for d in split_call_deltas(parser.feed(ev["text"])))
                 elif ev["type"] == "end":
-                    out.extend(chunk(d) for d in parser.finish())
+                    out.extend(chunk(d) for d in split_call_deltas(parser.finish()))
                     finish = "tool_calls" if parser.made_tool_calls else reply.finish_reason
                     out.append(chunk({}, finish))
                     if include_usage:
                         out.append({**base, "choices": [], "usage": reply.usage()})
             if out:
                 yield out
-        if reply.finish_reason is None:
-            raise APIError("The model stream ended without finishing.", status=502, type="server_error",
-                           code="incomplete_generation")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from .chat_template import check_template
 from .config import ConfigError, parse_args, resolve_models
 from .config_overlay import merge
+from .preflight import preflight
 
 
 def check_config(config: dict) -> list[str]:
@@ -19,8 +19,8 @@ def check_config(config: dict) -> list[str]:
     for app in config.get("applications", []):
         try:
             for spec in resolve_models(parse_args(app.get("args"))):
-                check_template(spec.chat_template)
-        except (ConfigError, ValueError) as exc:
+                preflight(spec)
+        except ConfigError as exc:
             problems.append(f"{app.get('name', '?')}: {exc}")
     return problems
 

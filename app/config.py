@@ -42,6 +42,8 @@ class ModelConfig(BaseModel):
     tool_parser: str = "auto"
     default_max_tokens: int | None = Field(None, ge=1, description="completion limit when a request sets none")
     stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
+    tool_continuation_rounds: int = Field(2, ge=0, le=10, description="extra rounds for a tool call cut by max_tokens")
+    tool_continuation_tokens: int = Field(256, ge=1, description="tokens per continuation round")
     owned_by: str = "llamaray"
 
     @field_validator("id")
@@ -88,6 +90,8 @@ class ModelSpec:
     tool_parser: str
     default_max_tokens: int | None
     stream_interval_ms: float
+    tool_continuation_rounds: int
+    tool_continuation_tokens: int
     owned_by: str
     trained_context: int | None
 
@@ -154,6 +158,8 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         tool_parser=cfg.tool_parser,
         default_max_tokens=cfg.default_max_tokens,
         stream_interval_ms=cfg.stream_interval_ms,
+        tool_continuation_rounds=cfg.tool_continuation_rounds,
+        tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by,
         trained_context=meta.get(f"{arch}.context_length"),
     )

@@ -6,8 +6,8 @@ from typing import Any
 
 from ray.serve import Application
 
-from app.chat_template import check_template
-from app.config import ConfigError, deployment_name, parse_args, resolve_models
+from app.config import deployment_name, parse_args, resolve_models
+from app.preflight import preflight
 
 from .chat_processor import ChatProcessor
 from .ingress import Ingress
@@ -17,10 +17,7 @@ from .llama_model import LlamaModel
 def build_app(args: dict[str, Any]) -> Application:
     specs = resolve_models(parse_args(args))
     for spec in specs:
-        try:
-            check_template(spec.chat_template)
-        except ValueError as exc:
-            raise ConfigError(f"model {spec.id!r}: {exc}") from None
+        preflight(spec)
     models = {
         spec.id: LlamaModel.options(name=deployment_name(spec.id), max_ongoing_requests=spec.n_seq_max)
         .bind(spec.to_dict())

@@ -16,6 +16,8 @@ from app.config_overlay import merge
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "llamaray"
+MODEL = "smollm2-135m"          # the bundled model, as serve_config.yaml names it
+THINK_MODEL = "smollm2-think"   # the same GGUF read with the `think` reasoning parser (tests only)
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import ModelSpec
@@ -154,6 +154,10 @@ class LlamaEngine:
             seq = self._waiting.popleft()
             try:
                 seq.sampler = SamplerChain(self.mc, seq.req.sampling)
+                if not seq.sampler.advance(seq.req.sampling.grammar_prefix):
+                    # The prefix does not fit the grammar: continue unconstrained.
+                    seq.sampler.free()
+                    seq.sampler = SamplerChain(self.mc, replace(seq.req.sampling, grammar=None))
             except APIError as exc:
                 seq.sink(("error", exc))
                 continue

@@ -74,15 +74,16 @@ class LlamaModelContext:
         self._piece_buf = ctypes.create_string_buffer(256)
 
     # -- tokens ----------------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special: bool | None = None) -> list[int]:
+        add = self.add_bos if add_special is None else add_special
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (L.llama_token * n_max)()
         # parse_special: the rendered chat template contains control tokens (<|im_start|>).
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, self.add_bos, True)
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add, True)
         if n < 0:
             buf = (L.llama_token * -n)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, self.add_bos, True)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add, True)
         tokens = list(buf[:n])
         # A template that already renders BOS plus add_bos would double it.
         if self.add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos:
@@ -170,6 +171,7 @@ class SamplerChain:
 
     def __init__(self, mc: LlamaModelContext, p: SamplingParams) -> None:
         self.mc = mc
+        self.params = p
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.grammar:
@@ -193,6 +195,31 @@ class SamplerChain:
                 add(L.llama_sampler_init_min_p(p.min_p, 1))
             add(L.llama_sampler_init_temp(p.temperature))
             add(L.llama_sampler_init_dist(p.resolved_seed()))
+
+    def advance(self, text: str) -> bool:
+        """Move the grammar past `text` generated earlier under the same grammar (a continued
+        reply). Each token is checked on a separate grammar instance first, since accepting a
+        token the grammar rejects aborts inside llama.cpp. False if the text does not fit."""
+        grammar = self.params.grammar
+        if not grammar or not text:
+            return True
+        checker = L.llama_sampler_init_grammar(self.mc.vocab, grammar.encode(), b"root")
+        if not checker:
+            return False
+        one = (L.llama_token_data * 1)()
+        arr = L.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        try:
+            for token in self.mc.tokenize(text, add_special=False):
+                one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
+                arr.size = 1
+                L.llama_sampler_apply(checker, ctypes.byref(arr))
+                if one[0].logit == float("-inf"):
+                    return False
+                L.llama_sampler_accept(checker, token)
+                L.llama_sampler_accept(self.chain, token)
+            return True
+        finally:
+            L.llama_sampler_free(checker)
 
     def sample(self, batch_index: int) -> int:
         # llama_sampler_sample also accepts the token into every sampler (grammar, penalties).

@@ -21,6 +21,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
     grammar: str | None = None
+    # Text already generated under `grammar` (a continued reply): the grammar starts after it.
+    grammar_prefix: str = ""
 
     def resolved_seed(self) -> int:
         """llama.cpp takes a 32-bit seed; 0xFFFFFFFF means "random", so never pass it."""

@@ -14,11 +14,12 @@ class ReplyParser:
     def __init__(self, reasoning: str = "none", tools: str | None = None, *,
                  include_reasoning: bool = True, parallel_tool_calls: bool = True,
                  starts_in_reasoning: bool = False,
-                 think_tags: tuple[str, str] = ("<think>", "</think>")) -> None:
+                 think_tags: tuple[str, str] = ("<think>", "</think>"),
+                 tool_names: frozenset[str] | None = None) -> None:
         self._reasoning = get_reasoning_parser(reasoning)(
             start_tag=think_tags[0], end_tag=think_tags[1],
             starts_in_reasoning=starts_in_reasoning)
-        self._tools = get_tool_parser(tools)() if tools else None
+        self._tools = get_tool_parser(tools)(tool_names) if tools else None
         self.include_reasoning = include_reasoning
         self.parallel_tool_calls = parallel_tool_calls
         self._made_calls = False

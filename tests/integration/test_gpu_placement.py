@@ -7,9 +7,7 @@ import httpx
 import pytest
 
 from app.config import deployment_name
-from serve_harness import ServeCluster, load_config
-
-MODEL = "smollm2-135m"
+from serve_harness import MODEL, ServeCluster, load_config
 pytestmark = pytest.mark.timeout(600)
 
 

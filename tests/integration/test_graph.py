@@ -15,32 +15,8 @@ from llama_cpp import Llama
 from app.chat_template import render_prompt
 from app.config import deployment_name
 from openapi_spec import assert_valid
-from serve_harness import ServeCluster, load_config, sse_json
-
-MODEL = "smollm2-135m"
+from serve_harness import MODEL, THINK_MODEL, sse_json
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # The exact local config `make run` serves, with a smaller context so a too-long prompt is cheap.
-    config = load_config("configs/local-cpu.yaml", {"applications": [
-        {"name": "llamaray", "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 4}]},
-         "deployments": [{"name": deployment_name(MODEL), "max_ongoing_requests": 4,
-                          "autoscaling_config": {"target_ongoing_requests": 3}}]}]})
-    with ServeCluster(config, num_cpus=2) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(cluster):
-    with httpx.Client(base_url=cluster.url, timeout=120) as c:
-        yield c
 
 
 def model_stats(cluster) -> dict:
@@ -60,7 +36,7 @@ def test_models_and_health(http):
     r = http.get("/v1/models")
     assert r.status_code == 200
     assert_valid("ListModelsResponse", r.json())
-    assert [m["id"] for m in r.json()["data"]] == [MODEL]
+    assert [m["id"] for m in r.json()["data"]] == [MODEL, THINK_MODEL]
     r = http.get(f"/v1/models/{MODEL}")
     assert r.status_code == 200 and r.json()["id"] == MODEL
     assert_valid("Model", r.json())
@@ -68,7 +44,7 @@ def test_models_and_health(http):
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert_valid("ErrorResponse", r.json())
     r = http.get("/health")
-    assert r.status_code == 200 and r.json()["models"] == {MODEL: True}
+    assert r.status_code == 200 and r.json()["models"] == {MODEL: True, THINK_MODEL: True}
 
 
 # ---- non-streaming ----------------------------------------------------------------------------

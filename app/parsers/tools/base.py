@@ -73,7 +73,10 @@ def calls_from_json(text: str, *, require_args: bool = False) -> list[Call] | No
 class ToolParser:
     name: ClassVar[str]
 
-    def __init__(self) -> None:
+    def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
+        # When set, a call to any other name is not claimed (its text stays content):
+        # a client never receives a call to a function it did not offer.
+        self.allowed_names = allowed_names
         self._buf = ""
         self._in_call = False
         self._trim = EdgeTrim()
@@ -127,7 +130,7 @@ class ToolParser:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """Non-streaming: ``(content around the calls, calls)``."""
-        p = type(self)()
+        p = self._fresh()
         content: list[str] = []
         calls: dict[int, list[str]] = {}
         for d in p.feed(text) + p.finish():
@@ -141,9 +144,15 @@ class ToolParser:
 
     def has_open_call(self, text: str) -> bool:
         """True when ``text`` ends inside a call whose JSON is not closed yet."""
-        p = type(self)()
+        p = self._fresh()
         p.feed(text)
         return p._in_call and p._json_open(p._buf)
+
+    def _fresh(self) -> "ToolParser":
+        return type(self)(self.allowed_names)
+
+    def _allowed(self, calls: list[Call]) -> bool:
+        return self.allowed_names is None or all(name in self.allowed_names for name, _ in calls)
 
     # -- machine ---------------------------------------------------------
     def _content(self, text: str) -> list[ToolDelta]:
@@ -170,7 +179,7 @@ class ToolParser:
             region, buf = buf[:n], buf[n:]
             self._in_call = False
             self._region.clear()
-            if calls:
+            if calls and self._allowed(calls):
                 self._trim.cut()
                 for name, args in calls:
                     out.append(CallDelta(self._count, args, new_call_id(), name))

@@ -21,8 +21,8 @@ _START, _AFTER_CALL, _PROSE = "start", "after_call", "prose"
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
+        super().__init__(allowed_names)
         self._state = _START
 
     def _scan(self, buf: str, final: bool) -> tuple[int, int]:

@@ -64,8 +64,8 @@ def parse_pythonic(text: str) -> list[Call] | None:
 class PythonicToolParser(ToolParser):
     name = "pythonic"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
+        super().__init__(allowed_names)
         self._state = _START
 
     def _scan(self, buf: str, final: bool) -> tuple[int, int]:
