@@ -33,8 +33,17 @@ def _read(f: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, data)[0]
 
 
+def _remaining(f: BinaryIO) -> int:
+    pos = f.tell()
+    end = f.seek(0, 2)
+    f.seek(pos)
+    return end - pos
+
+
 def _read_string(f: BinaryIO) -> str:
     n = _read(f, "<Q")
+    if n > _remaining(f):  # a corrupt length must not become a huge allocation
+        raise GGUFError("unexpected end of file in GGUF string")
     data = f.read(n)
     if len(data) != n:
         raise GGUFError("unexpected end of file in GGUF string")
@@ -51,8 +60,13 @@ def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
         count = _read(f, "<Q")
         if not keep and item_type in _SCALARS:
             # Skip big numeric arrays (token scores, types) without decoding them.
-            f.seek(count * struct.calcsize(_SCALARS[item_type]), 1)
+            size = count * struct.calcsize(_SCALARS[item_type])
+            if size > _remaining(f):
+                raise GGUFError("unexpected end of file in GGUF array")
+            f.seek(size, 1)
             return None
+        if count > _remaining(f):  # every element takes at least one byte
+            raise GGUFError("unexpected end of file in GGUF array")
         items = [_read_value(f, item_type, keep) for _ in range(count)]
         return items if keep else None
     raise GGUFError(f"unknown GGUF value type {vtype}")

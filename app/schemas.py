@@ -209,19 +209,24 @@ class _Unsupported(ValueError):
         self.param = param
 
 
+_UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url", "input_audio", "file",
+               "refusal"}
+_TYPE_LABEL = re.compile(r"^(str|int|float|bool|none|NamedToolChoice|[a-z]+\[.*\]|function-(after|before|plain)\[.*)$")
+
+
 def _param_path(loc: tuple[Any, ...]) -> str | None:
-    """pydantic location -> OpenAI-style param (`messages[0].role`), skipping union tags."""
+    """pydantic location -> OpenAI-style param (`messages[0].role`), skipping union labels:
+    a discriminator tag right after a list index, or a union member's type label."""
     out = ""
+    prev: Any = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in {"system", "developer", "user", "assistant", "tool", "text", "image_url",
-                      "input_audio", "file", "refusal", "str", "list[...]", "function-after",
-                      "function-before", "function-plain", "literal['none','auto','required']",
-                      "NamedToolChoice"} or str(part).startswith(("list[", "literal[")):
-            continue
+        elif (isinstance(prev, int) and part in _UNION_TAGS) or _TYPE_LABEL.match(str(part)):
+            pass
         else:
             out += ("." if out else "") + str(part)
+        prev = part
     return out or None
 
 
@@ -254,7 +259,10 @@ def parse_chat_request(payload: Any) -> ChatCompletionRequest:
 
 def validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    # A union that fails on every branch reports each; the deepest error about the same field
+    # says most (a text part without `text`, rather than "content is not a string").
+    head = errors[0]["loc"][:2]
+    first = max((e for e in errors if e["loc"][:2] == head), key=lambda e: len(e["loc"]))
     ctx = first.get("ctx") or {}
     if isinstance(ctx.get("error"), _Unsupported):
         return invalid_request(str(ctx["error"]), param=ctx["error"].param, code="unsupported_parameter")

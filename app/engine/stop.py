@@ -15,7 +15,9 @@ class StopMatcher:
         buf = self._held + text
         hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
-            cut = min(i for i, _ in hits)
+            # The stop that completes first wins, as it would token by token: the cut then
+            # does not depend on how the text was split into pieces.
+            cut = min(hits, key=lambda h: (h[0] + len(h[1]), h[0]))[0]
             self._held = ""
             return buf[:cut], True
         keep = self._partial_suffix(buf)
