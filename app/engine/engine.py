@@ -30,6 +30,23 @@ Sink = Callable[[tuple[Any, ...]], None]
 ("error", APIError). Called on the engine thread: it must be quick and must not raise."""
 
 
+class QueueSink:
+    """Delivers events into an asyncio queue. The engine hands all of a step's events for one
+    event loop over in a single call_soon_threadsafe (one wake-up per step, not per token)."""
+
+    def __init__(self, loop: Any, queue: Any) -> None:
+        self.loop = loop
+        self.queue = queue
+
+    def __call__(self, event: tuple[Any, ...]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+def _deliver(items: list[tuple[Any, tuple[Any, ...]]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 @dataclass
 class _Seq:
     req: GenerationRequest
@@ -66,6 +83,7 @@ class LlamaEngine:
         self._slots: list[_Seq | None] = [None] * spec.n_seq_max
         self._slot_tokens: list[list[int]] = [[] for _ in range(spec.n_seq_max)]
         self._closing = False
+        self._outbox: list[tuple[Sink, tuple[Any, ...]]] = []
         self.broken: str | None = None
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name=f"llama-engine-{spec.id}", daemon=True)
@@ -132,14 +150,36 @@ class LlamaEngine:
                     cancelled, self._cancelled = self._cancelled, set()
                     self._drop_cancelled(cancelled)
                     self._admit()
+                self._flush()
                 if any(self._slots):
                     self._step()
+                    self._flush()
         except BaseException as exc:  # noqa: BLE001 - the thread must report, not vanish
             log.exception("engine thread died")
             self.broken = f"decode loop failed: {exc}"
         finally:
+            self.broken = self.broken or "engine closed"
             self._fail_all(APIError("The model engine stopped.", status=503, type="server_error",
                                     code="engine_unavailable"))
+
+    def _out(self, seq: _Seq, event: tuple[Any, ...]) -> None:
+        self._outbox.append((seq.sink, event))
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        out, self._outbox = self._outbox, []
+        by_loop: dict[Any, list[tuple[Any, tuple[Any, ...]]]] = {}
+        for sink, event in out:
+            if isinstance(sink, QueueSink):
+                by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+            else:
+                sink(event)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
 
     def _drop_cancelled(self, ids: set[str]) -> None:
         if not ids:
@@ -159,11 +199,11 @@ class LlamaEngine:
                     seq.sampler.free()
                     seq.sampler = SamplerChain(self.mc, replace(seq.req.sampling, grammar=None))
             except APIError as exc:
-                seq.sink(("error", exc))
+                self._out(seq, ("error", exc))
                 continue
             except Exception:  # noqa: BLE001 - one bad request must not stop the loop
                 log.exception("could not build the sampler for %s", seq.req.request_id)
-                seq.sink(("error", internal_error("Could not set up sampling for this request.")))
+                self._out(seq, ("error", internal_error("Could not set up sampling for this request.")))
                 continue
             slot, reuse = self._pick_slot(seq.prompt)
             # Keep the shared prefix, drop the rest; always recompute at least the last prompt
@@ -173,7 +213,7 @@ class LlamaEngine:
             self._slot_tokens[slot] = seq.prompt[:reuse]
             seq.slot, seq.n_past, seq.cached = slot, reuse, reuse
             self._slots[slot] = seq
-            seq.sink(("start", {"prompt_tokens": len(seq.prompt), "cached_tokens": reuse}))
+            self._out(seq, ("start", {"prompt_tokens": len(seq.prompt), "cached_tokens": reuse}))
 
     def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
         best, best_len = -1, -1
@@ -249,7 +289,7 @@ class LlamaEngine:
         text = seq.decoder.decode(self.mc.piece(token))
         out, matched = seq.stop.feed(text)
         if out:
-            seq.sink(("text", out, seq.pending_text_tokens))
+            self._out(seq, ("text", out, seq.pending_text_tokens))
             seq.pending_text_tokens = 0
         if matched:
             self._finish(seq, "stop", flush=False)
@@ -260,11 +300,11 @@ class LlamaEngine:
         if flush:
             tail = seq.stop.feed(seq.decoder.decode(b"", final=True))[0] + seq.stop.flush()
             if tail:
-                seq.sink(("text", tail, seq.pending_text_tokens))
+                self._out(seq, ("text", tail, seq.pending_text_tokens))
                 seq.pending_text_tokens = 0
         # Free the slot before telling the client, so a follow-up request finds it free.
         self._release(seq, keep_cache=True)
-        seq.sink(("end", {
+        self._out(seq, ("end", {
             "finish_reason": reason,
             "prompt_tokens": len(seq.prompt),
             "completion_tokens": seq.generated,
@@ -273,7 +313,7 @@ class LlamaEngine:
 
     def _fail(self, seq: _Seq, err: APIError) -> None:
         self._release(seq, keep_cache=False)
-        seq.sink(("error", err))
+        self._out(seq, ("error", err))
 
     def _release(self, seq: _Seq, keep_cache: bool) -> None:
         if seq.sampler is not None:
@@ -288,14 +328,15 @@ class LlamaEngine:
     def _fail_all(self, err: APIError) -> None:
         with self._cv:
             for seq in list(self._waiting):
-                seq.sink(("error", err))
+                self._out(seq, ("error", err))
             self._waiting.clear()
             for seq in self._slots:
                 if seq is not None:
-                    seq.sink(("error", err))
+                    self._out(seq, ("error", err))
                     if seq.sampler is not None:
                         seq.sampler.free()
             self._slots = [None] * len(self._slots)
+        self._flush()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

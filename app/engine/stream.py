@@ -15,18 +15,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import APIError
-from .engine import LlamaEngine
+from .engine import LlamaEngine, QueueSink
 from .params import GenerationRequest
 
 
 async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[dict[str, Any]]]:
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-
-    def sink(event: tuple[Any, ...]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
-    seq = engine.prepare(req, sink)  # raises APIError for bad input, before queueing
+    seq = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # raises APIError for bad input, before queueing
     engine.submit(seq)
     finished = False
     sent_text = False
