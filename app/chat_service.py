@@ -7,6 +7,7 @@ handle in production, an in-process engine or a fake in tests. It yields lists o
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +17,9 @@ from typing import Any
 from .chat_template import render_prompt
 from .config import ModelSpec
 from .engine.params import GenerationRequest, SamplingParams
-from .errors import APIError, invalid_request, model_not_found
+from .errors import APIError, invalid_request, model_not_found, timeout_error
 from .grammars import json_grammar
+from .observe import NullObserver, RequestObserver, RequestRecord
 from .parsers import ReplyParser
 from .reply import make_reply_parser
 from .schemas import ChatCompletionRequest
@@ -78,6 +80,9 @@ class _Reply:
     """Accumulates one request's engine events (over continuation rounds too)."""
 
     def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.first_text_at: float | None = None
+        self.last_text_at: float | None = None
         self.text: list[str] = []
         self.started = False
         self.prompt_tokens = 0
@@ -95,6 +100,30 @@ class _Reply:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+    def add_text(self, text: str) -> None:
+        now = time.monotonic()
+        if self.first_text_at is None:
+            self.first_text_at = now
+        self.last_text_at = now
+        self.text.append(text)
+
+    def record(self, model: str, stream: bool, exc: BaseException | None) -> RequestRecord:
+        status, code = "ok", None
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            status = "cancelled"
+        elif exc is not None:
+            api = exc if isinstance(exc, APIError) else None
+            code = api.code if api else "internal_error"
+            status = "timeout" if code == "timeout" else "error"
+        ttft = self.first_text_at - self.t0 if self.first_text_at is not None else None
+        itl = None
+        if self.first_text_at is not None and self.completion_tokens > 1:
+            itl = (self.last_text_at - self.first_text_at) / (self.completion_tokens - 1)
+        return RequestRecord(model=model, stream=stream, status=status, error_code=code,
+                             duration_s=time.monotonic() - self.t0, ttft_s=ttft, itl_s=itl,
+                             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                             cached_tokens=self.cached_tokens)
 
     def start(self, ev: dict[str, Any]) -> None:
         self.started = True
@@ -114,18 +143,58 @@ class _Plan:
         return make_reply_parser(self.fmt, self.req, self.tool_parser)
 
 
+def check_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
+    """Content this text-only server cannot take, and completion limits: a 400 that names the
+    limit (as OpenAI answers), never a silent clamp."""
+    for i, msg in enumerate(req.messages):
+        if isinstance(msg.content, list):
+            for j, part in enumerate(msg.content):
+                if part.type not in ("text", "refusal"):
+                    raise invalid_request(f"Model `{spec.id}` takes text only; `{part.type}` content is not supported.",
+                                          param=f"messages[{i}].content[{j}].type", code="unsupported_content")
+    limit = spec.max_tokens_limit or spec.n_ctx
+    asked = req.completion_limit
+    if asked is not None and asked > limit:
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        raise invalid_request(f"`{param}` is too large: {asked}. This model supports at most {limit} completion tokens.",
+                              param=param, code="max_tokens_exceeded")
+
+
+async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: float) -> AsyncIterator[Any]:
+    """Iterate `events` until `deadline` (monotonic); then stop it and raise a 504 APIError.
+    Closing the source cancels the generation, so a stuck request frees its slot."""
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise timeout_error(timeout_s)
+            try:
+                item = await asyncio.wait_for(anext(events), remaining)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise timeout_error(timeout_s) from None
+            yield item
+    finally:
+        await events.aclose()
+
+
 class ChatService:
-    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream) -> None:
+    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, request_timeout_s: float = 300.0,
+                 observer: RequestObserver | None = None) -> None:
+        self.observer = observer or NullObserver()
         self.models = {s.id: s for s in specs}
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
                         for s in specs}
         self.open_stream = open_stream
+        self.request_timeout_s = request_timeout_s
 
     def _prepare(self, payload: dict[str, Any]) -> _Plan:
         req = ChatCompletionRequest.model_validate(payload)
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
+        check_limits(req, spec)
         fmt = self.formats[spec.id]
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = plan_tools(fmt, req, messages)
@@ -156,9 +225,11 @@ class ChatService:
         the continuation's start/end events are folded into the one reply."""
         gen = plan.gen
         rounds = 0
+        deadline = time.monotonic() + self.request_timeout_s
         while True:
             continued = False
-            async for batch in self.open_stream(plan.spec.id, gen.to_dict()):
+            events = with_deadline(self.open_stream(plan.spec.id, gen.to_dict()), deadline, self.request_timeout_s)
+            async for batch in events:
                 out = []
                 for ev in batch:
                     kind = ev["type"]
@@ -167,7 +238,7 @@ class ChatService:
                             continue
                         reply.start(ev)
                     elif kind == "text":
-                        reply.text.append(ev["text"])
+                        reply.add_text(ev["text"])
                     elif kind == "end":
                         reply.completion_tokens += ev["completion_tokens"]
                         if (ev["finish_reason"] == "length" and plan.tool_parser
@@ -199,8 +270,15 @@ class ChatService:
         plan = self._prepare(payload)
         parser = plan.parser()
         reply = _Reply()
-        async for _ in self._generate(plan, parser, reply):
-            pass
+        failure: BaseException | None = None
+        try:
+            async for _ in self._generate(plan, parser, reply):
+                pass
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.observer.record(reply.record(plan.spec.id, False, failure))
         message = parser.parse(reply.full_text())
         finish = "tool_calls" if message.get("tool_calls") else reply.finish_reason
         return {
@@ -232,18 +310,25 @@ class ChatService:
                 c["usage"] = None
             return c
 
-        async for batch in self._generate(plan, parser, reply):
-            out: list[dict[str, Any]] = []
-            for ev in batch:
-                if ev["type"] == "start":
-                    out.append(chunk({"role": "assistant", "content": ""}))
-                elif ev["type"] == "text":
-                    out.extend(chunk(d) for d in split_call_deltas(parser.feed(ev["text"])))
-                elif ev["type"] == "end":
-                    out.extend(chunk(d) for d in split_call_deltas(parser.finish()))
-                    finish = "tool_calls" if parser.made_tool_calls else reply.finish_reason
-                    out.append(chunk({}, finish))
-                    if include_usage:
-                        out.append({**base, "choices": [], "usage": reply.usage()})
-            if out:
-                yield out
+        failure: BaseException | None = None
+        try:
+            async for batch in self._generate(plan, parser, reply):
+                out: list[dict[str, Any]] = []
+                for ev in batch:
+                    if ev["type"] == "start":
+                        out.append(chunk({"role": "assistant", "content": ""}))
+                    elif ev["type"] == "text":
+                        out.extend(chunk(d) for d in split_call_deltas(parser.feed(ev["text"])))
+                    elif ev["type"] == "end":
+                        out.extend(chunk(d) for d in split_call_deltas(parser.finish()))
+                        finish = "tool_calls" if parser.made_tool_calls else reply.finish_reason
+                        out.append(chunk({}, finish))
+                        if include_usage:
+                            out.append({**base, "choices": [], "usage": reply.usage()})
+                if out:
+                    yield out
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.observer.record(reply.record(plan.spec.id, True, failure))

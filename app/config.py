@@ -41,6 +41,7 @@ class ModelConfig(BaseModel):
     reasoning_parser: str = "auto"
     tool_parser: str = "auto"
     default_max_tokens: int | None = Field(None, ge=1, description="completion limit when a request sets none")
+    max_tokens_limit: int | None = Field(None, ge=1, description="largest max_tokens a request may ask for (default: n_ctx)")
     stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
     tool_continuation_rounds: int = Field(2, ge=0, le=10, description="extra rounds for a tool call cut by max_tokens")
     tool_continuation_tokens: int = Field(256, ge=1, description="tokens per continuation round")
@@ -54,11 +55,29 @@ class ModelConfig(BaseModel):
         return v
 
 
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get a 413")
+    max_messages: int = Field(1024, ge=1, description="most messages in one request")
+    request_timeout_s: float = Field(300.0, gt=0, description="deadline for one request, queueing included")
+
+
+class AuthConfig(BaseModel):
+    """Where API keys come from. Never the keys themselves: this file is not a secret store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_keys_env: str | None = Field("LLAMARAY_API_KEYS", description="env var with comma-separated keys")
+    api_keys_file: str | None = Field(None, description="file with one key per line")
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelConfig] = Field(min_length=1)
-    request_timeout_s: float = Field(600.0, gt=0, description="deadline for one request")
+    limits: Limits = Field(default_factory=Limits)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
 
     @model_validator(mode="after")
     def _unique(self) -> "AppArgs":
@@ -89,6 +108,7 @@ class ModelSpec:
     reasoning_parser: str
     tool_parser: str
     default_max_tokens: int | None
+    max_tokens_limit: int | None
     stream_interval_ms: float
     tool_continuation_rounds: int
     tool_continuation_tokens: int
@@ -157,6 +177,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         reasoning_parser=cfg.reasoning_parser,
         tool_parser=cfg.tool_parser,
         default_max_tokens=cfg.default_max_tokens,
+        max_tokens_limit=cfg.max_tokens_limit,
         stream_interval_ms=cfg.stream_interval_ms,
         tool_continuation_rounds=cfg.tool_continuation_rounds,
         tool_continuation_tokens=cfg.tool_continuation_tokens,

@@ -19,11 +19,13 @@ class APIError(Exception):
         code: str | None = None,
         status: int | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
         if status is not None:
             self.status = status
         if type is not None:
@@ -32,15 +34,16 @@ class APIError(Exception):
     def to_dict(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def __reduce__(self):  # keep status/param/code when pickled across Ray hops
-        return (_rebuild, (self.message, self.param, self.code, self.status, self.type))
+    def __reduce__(self):  # keep status/param/code/headers when pickled across Ray hops
+        return (_rebuild, (self.message, self.param, self.code, self.status, self.type, self.headers))
 
     def __repr__(self) -> str:
         return f"APIError({self.status}, {self.type}, {self.message!r}, param={self.param!r}, code={self.code!r})"
 
 
-def _rebuild(message: str, param: str | None, code: str | None, status: int, type: str) -> APIError:
-    return APIError(message, param=param, code=code, status=status, type=type)
+def _rebuild(message: str, param: str | None, code: str | None, status: int, type: str,
+             headers: dict[str, str] | None = None) -> APIError:
+    return APIError(message, param=param, code=code, status=status, type=type, headers=headers)
 
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -81,6 +84,26 @@ def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | No
 
 def service_unavailable(message: str, *, code: str = "service_unavailable") -> APIError:
     return APIError(message, status=503, type="server_error", code=code)
+
+
+def overloaded(message: str = "The server is overloaded; retry shortly.", retry_after_s: int = 1) -> APIError:
+    return APIError(message, status=503, type="server_error", code="overloaded",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
+def timeout_error(seconds: float) -> APIError:
+    return APIError(f"The request did not finish within its {seconds:g} s deadline.", status=504,
+                    type="server_error", code="timeout")
+
+
+def unauthorized() -> APIError:
+    return APIError("Incorrect or missing API key. Send `Authorization: Bearer <key>`.", status=401,
+                    type="invalid_request_error", code="invalid_api_key")
+
+
+def payload_too_large(limit: int) -> APIError:
+    return APIError(f"The request body is larger than the {limit} bytes this server accepts.", status=413,
+                    type="invalid_request_error", code="request_too_large")
 
 
 def internal_error(message: str = "The server had an error while processing your request.") -> APIError:

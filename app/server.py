@@ -15,11 +15,16 @@ from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .errors import APIError, error_body, invalid_request, model_not_found, not_found
+from .auth import KeyChecker
+from .openapi import openapi_document
+from .errors import (
+    APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
+)
 from .schemas import ChatCompletionRequest, parse_chat_request
 from .sse import SSE_HEADERS, encode_event, frame_stream
 
@@ -35,6 +40,13 @@ class ChatBackend(Protocol):
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    keys: KeyChecker = KeyChecker(())
+
+
+@dataclass(frozen=True)
 class ModelCard:
     id: str
     owned_by: str = "llamaray"
@@ -46,28 +58,72 @@ class ModelCard:
 
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = error_body(exc)
-    if status >= 500 and not isinstance(exc, APIError):
-        log.exception("unhandled error", exc_info=exc)
-    return JSONResponse(body, status_code=status)
+    api = as_api_error(exc)
+    if api is None:
+        log.error("unhandled error: %r", exc, exc_info=exc)
+    return JSONResponse(body, status_code=status, headers=api.headers if api else None)
 
 
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes without reading them all into memory."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise payload_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise payload_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    raw = await _read_body(request, limit)
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # NaN/Infinity are not JSON, whatever Python's parser accepts by default.
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid_request(f"The JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
+    except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_request(
             f"We could not parse the JSON body of your request: {exc}. "
             "The body must be valid JSON (Content-Type: application/json)."
         ) from None
+    if _too_deep(value, MAX_JSON_DEPTH):
+        raise invalid_request(f"The JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
+    return value
 
 
-def build_app(backend: ChatBackend, models: list[ModelCard]) -> Starlette:
+def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSettings | None = None) -> Starlette:
     cards = {m.id: m for m in models}
+    settings = settings or ServerSettings()
 
     async def chat_completions(request: Request) -> Response:
         try:
-            chat = parse_chat_request(await _read_json(request))
+            chat = parse_chat_request(await _read_json(request, settings.max_body_bytes))
+            if len(chat.messages) > settings.max_messages:
+                raise invalid_request(f"Too many messages: {len(chat.messages)} (this server accepts at most "
+                                      f"{settings.max_messages}).", param="messages", code="too_many_messages")
             if chat.model not in cards:
                 raise model_not_found(chat.model)
             if chat.stream_options is not None and not chat.stream:
@@ -108,12 +164,18 @@ def build_app(backend: ChatBackend, models: list[ModelCard]) -> Starlette:
         ok = bool(ready) and all(ready.get(m, False) for m in cards)
         return JSONResponse({"status": "ok" if ok else "loading", "models": ready}, status_code=200 if ok else 503)
 
+    spec = openapi_document()
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(spec)
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
         if exc.status_code == 405:
             return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
-                                           status=405, type="invalid_request_error", code="method_not_allowed"))
+                                           status=405, type="invalid_request_error", code="method_not_allowed",
+                                           headers=dict(exc.headers or {})))
         return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -124,8 +186,29 @@ def build_app(backend: ChatBackend, models: list[ModelCard]) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(APIKeyMiddleware, keys=settings.keys)] if settings.keys.enabled else [],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
+
+
+class APIKeyMiddleware:
+    """Everything under /v1 needs a key; /health stays open for load balancers and probes."""
+
+    def __init__(self, app: Any, keys: KeyChecker) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if not self.keys.check(auth):
+                await error_response(unauthorized())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def model_cards(specs: list[Any]) -> list[ModelCard]:

@@ -15,7 +15,8 @@ from .llama_model import LlamaModel
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    specs = resolve_models(parse_args(args))
+    parsed = parse_args(args)
+    specs = resolve_models(parsed)
     for spec in specs:
         preflight(spec)
     models = {
@@ -24,5 +25,5 @@ def build_app(args: dict[str, Any]) -> Application:
         for spec in specs
     }
     spec_dicts = [s.to_dict() for s in specs]
-    processor = ChatProcessor.bind(spec_dicts, models)
-    return Ingress.bind(processor, spec_dicts, models)
+    processor = ChatProcessor.bind(spec_dicts, models, parsed.limits.request_timeout_s)
+    return Ingress.bind(processor, spec_dicts, models, parsed.limits.model_dump(), parsed.auth.model_dump())

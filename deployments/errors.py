@@ -5,7 +5,7 @@ from __future__ import annotations
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
-from app.errors import APIError, as_api_error, internal_error, service_unavailable
+from app.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
 
 
 def to_api_error(exc: BaseException) -> APIError:
@@ -13,8 +13,7 @@ def to_api_error(exc: BaseException) -> APIError:
     if api is not None:
         return api
     if isinstance(exc, serve_exc.BackPressureError):
-        return APIError("The server is overloaded; retry shortly.", status=503, type="server_error",
-                        code="overloaded")
+        return overloaded()
     if isinstance(exc, (serve_exc.DeploymentUnavailableError, ray_exc.ActorDiedError,
                         ray_exc.ActorUnavailableError, ray_exc.RayActorError)):
         return service_unavailable("A model replica failed while serving this request; retry shortly.",

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config import ModelSpec
-from app.server import build_app, model_cards
+from app.auth import KeyChecker, load_api_keys
+from app.config import AuthConfig, Limits, ModelSpec
+from app.server import ServerSettings, build_app, model_cards
 
 from .errors import to_api_error
 
@@ -19,14 +21,20 @@ from .errors import to_api_error
 @serve.ingress()
 class Ingress:
     def __init__(self, processor: DeploymentHandle, specs: list[dict[str, Any]],
-                 models: dict[str, DeploymentHandle]) -> None:
+                 models: dict[str, DeploymentHandle], limits: dict[str, Any] | None = None,
+                 auth: dict[str, Any] | None = None) -> None:
         self.processor = processor
         self.stream_processor = processor.options(stream=True)
         self.specs = [ModelSpec.from_dict(s) for s in specs]
         self.models = models
+        lim, auth_cfg = Limits(**(limits or {})), AuthConfig(**(auth or {}))
+        # Keys are read here, in the replica's own environment (env var or secret file).
+        keys = load_api_keys(auth_cfg.api_keys_env, auth_cfg.api_keys_file)
+        self.settings = ServerSettings(max_body_bytes=lim.max_body_bytes, max_messages=lim.max_messages,
+                                       keys=KeyChecker(keys))
 
     def __serve_build_asgi_app__(self):
-        return build_app(self, model_cards(self.specs))
+        return build_app(self, model_cards(self.specs), self.settings)
 
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -44,9 +52,9 @@ class Ingress:
         finally:
             gen.cancel()
 
-    def resources(self) -> dict[str, float]:
-        """Resources Ray reserved for this replica (GPU placement checks)."""
-        return ray.get_runtime_context().get_assigned_resources()
+    def replica_info(self) -> dict[str, Any]:
+        """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
+        return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
 
     async def ready(self) -> dict[str, bool]:
         async def one(handle: DeploymentHandle) -> bool:

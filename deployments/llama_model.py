@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -12,24 +13,37 @@ from app.config import ModelSpec
 from app.engine import GenerationRequest, LlamaEngine
 from app.engine.stream import generate_stream
 
+from .metrics import EngineGauges
+
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = ModelSpec.from_dict(spec)
         self.engine = LlamaEngine(self.spec)
+        self.gauges = EngineGauges(self.spec.id)
+        self._gauge_task: asyncio.Task | None = None
+
+    async def _publish_gauges(self) -> None:
+        while True:
+            self.gauges.update(self.engine.stats())
+            await asyncio.sleep(1.0)
 
     async def generate(self, request: dict[str, Any]):
+        if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
+            self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         req = GenerationRequest.from_dict(request)
         async for batch in generate_stream(self.engine, req, self.spec.stream_interval_ms / 1000):
+            if batch and batch[0]["type"] == "start" and batch[0]["cached_tokens"] > 0:
+                self.gauges.cache_hit()
             yield batch
 
     async def stats(self) -> dict[str, Any]:
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
 
-    def resources(self) -> dict[str, float]:
-        """Resources Ray reserved for this replica (GPU placement checks)."""
-        return ray.get_runtime_context().get_assigned_resources()
+    def replica_info(self) -> dict[str, Any]:
+        """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
+        return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
 
     def check_health(self) -> None:
         if not self.engine.healthy():

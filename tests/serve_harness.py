@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -37,8 +38,10 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
 
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
-                 timeout_s: float = 240) -> None:
+                 timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None) -> None:
         self.config = config
+        self.env = env or {}
+        self.metrics_port = metrics_port
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.num_cpus = num_cpus
@@ -51,8 +54,15 @@ class ServeCluster:
         from ray.serve.config import ProxyLocation
         from ray.serve.schema import ServeDeploySchema
 
+        # Replicas inherit the environment Ray starts with (API keys come from there).
+        self._saved_env = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        extra: dict[str, Any] = {}
+        if self.metrics_port:
+            extra = {"_metrics_export_port": self.metrics_port,
+                     "_system_config": {"metrics_report_interval_ms": 500}}
         ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
-                 namespace="serve", log_to_driver=False)
+                 namespace="serve", log_to_driver=False, **extra)
         client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": self.port},
                                        proxy_location=ProxyLocation.HeadOnly)
         config = copy.deepcopy(self.config)
@@ -94,6 +104,11 @@ class ServeCluster:
             serve.shutdown()
         finally:
             ray.shutdown()
+            for k, v in self._saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def sse_events(body: str) -> list[str]:

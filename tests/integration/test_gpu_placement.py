@@ -21,9 +21,10 @@ def test_model_replica_reserves_one_gpu_cpu_deployments_none():
     assert model["ray_actor_options"]["num_gpus"] == 1  # the production shape is what we test
 
     with ServeCluster(config, num_cpus=8, num_gpus=2) as cluster:
-        assert cluster.handle(deployment_name(MODEL)).resources.remote().result().get("GPU") == 1
+        info = cluster.handle(deployment_name(MODEL)).replica_info.remote().result()
+        assert info["resources"].get("GPU") == 1
         for name in ("Ingress", "ChatProcessor"):
-            assert cluster.handle(name).resources.remote().result().get("GPU", 0) == 0, name
+            assert cluster.handle(name).replica_info.remote().result()["resources"].get("GPU", 0) == 0, name
         used = ray.cluster_resources()["GPU"] - ray.available_resources().get("GPU", 0)
         assert used == 1
         r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60, json={

@@ -1,0 +1,46 @@
+"""Optional API keys: `Authorization: Bearer <key>` on everything under /v1.
+
+Keys come from an environment variable or a secret file, never from serve_config.yaml itself
+(that file is checked in and shown by `serve status`). Keys are compared in constant time and
+never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+DEFAULT_ENV = "LLAMARAY_API_KEYS"
+
+
+def load_api_keys(env_var: str | None = DEFAULT_ENV, key_file: str | None = None) -> tuple[bytes, ...]:
+    """Keys from `$env_var` (comma or newline separated) and `key_file` (one per line, # comments)."""
+    keys: list[str] = []
+    if env_var and os.environ.get(env_var):
+        keys += os.environ[env_var].replace(",", "\n").splitlines()
+    if key_file:
+        path = Path(os.path.expanduser(key_file))
+        keys += [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return tuple(sorted({k.strip().encode() for k in keys if k.strip()}))
+
+
+class KeyChecker:
+    def __init__(self, keys: tuple[bytes, ...]) -> None:
+        self.keys = keys
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+    def check(self, authorization: str | None) -> bool:
+        if not self.keys:
+            return True
+        if not authorization or not authorization[:7].lower() == "bearer ":
+            return False
+        given = authorization[7:].strip().encode()
+        # Compare against every key, always: timing does not reveal which key (or prefix) matched.
+        ok = False
+        for key in self.keys:
+            ok |= hmac.compare_digest(given, key)
+        return ok

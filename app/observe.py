@@ -1,0 +1,30 @@
+"""What the ChatProcessor reports about each request, for metrics. app/ stays free of Ray:
+deployments/metrics.py implements this with Ray's metrics, tests use a list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    model: str
+    stream: bool
+    status: str                 # "ok", "error", "cancelled", "timeout"
+    error_code: str | None
+    duration_s: float
+    ttft_s: float | None        # request start -> first generated text
+    itl_s: float | None         # mean gap between generated tokens after the first
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class RequestObserver(Protocol):
+    def record(self, rec: RequestRecord) -> None: ...
+
+
+class NullObserver:
+    def record(self, rec: RequestRecord) -> None:
+        pass

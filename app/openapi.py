@@ -1,0 +1,64 @@
+"""The OpenAPI document this server serves at /openapi.json: its own routes and request schema
+(derived from the pydantic models), so tools such as schemathesis can exercise it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .schemas import ChatCompletionRequest
+
+_ERROR = {
+    "description": "OpenAI-shaped error",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+}
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}},
+    }},
+}
+_MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
+          "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                         "owned_by": {"type": "string"}}}
+
+
+def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
+    request = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+    components = request.pop("$defs", {})
+    components["CreateChatCompletionRequest"] = request
+    components["ErrorResponse"] = _ERROR_SCHEMA
+    components["Model"] = _MODEL
+    errors = {str(code): _ERROR for code in (400, 401, 404, 413, 503, 504)}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llamaray", "version": version,
+                 "description": "OpenAI-compatible chat completions on llama.cpp through Ray Serve."},
+        "paths": {
+            "/v1/chat/completions": {"post": {
+                "operationId": "createChatCompletion",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/CreateChatCompletionRequest"}}}},
+                "responses": {"200": {"description": "A chat completion, or an SSE stream of chunks when `stream`",
+                                      "content": {"application/json": {"schema": {"type": "object"}},
+                                                  "text/event-stream": {"schema": {"type": "string"}}}},
+                              **errors},
+            }},
+            "/v1/models": {"get": {"operationId": "listModels", "responses": {
+                "200": {"description": "Models", "content": {"application/json": {"schema": {
+                    "type": "object", "properties": {"object": {"const": "list"},
+                                                     "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}}}}},
+                "401": _ERROR}}},
+            "/v1/models/{model_id}": {"get": {
+                "operationId": "retrieveModel",
+                "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "A model", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Model"}}}}, "401": _ERROR, "404": _ERROR}}},
+            "/health": {"get": {"operationId": "health", "responses": {
+                "200": {"description": "Every model is loaded"}, "503": {"description": "Still loading"}}}},
+        },
+        "components": {"schemas": components},
+    }
