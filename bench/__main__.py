@@ -1,0 +1,196 @@
+"""python -m bench: llamaray against llama.cpp's llama-server and llama-cpp-python's server.
+
+Same bundled model, same thread count, same llama.cpp version (llama-server is built from the
+llama.cpp vendored in the installed llama-cpp-python's sdist). Each server in turn is started,
+driven by app.loadgen's closed loop at each concurrency (one warm-up request first), and stopped.
+Prints one table and writes <out>/bench.json, <out>/bench-requests.json and <out>/bench.png;
+server logs go to <out>/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from app.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
+
+from . import report
+from .servers import (
+    CTX_PER_SEQ,
+    N_PARALLEL,
+    N_THREADS,
+    ROOT,
+    SERVERS,
+    CpuMeter,
+    bundled_model_path,
+    ensure_llama_server,
+    llama_cpp_python_version,
+    log,
+    wait_until_quiet,
+)
+
+SEED_BASE = 1000
+WARMUP_INDEX = 10_000   # the warm-up request's index (prompt and seed), outside the measured ones
+
+
+def requests_for(concurrency: int, fixed: int | None) -> int:
+    """Enough requests for a level to take ~20-40 s here: 24 at c=1 and c=4, 3 rounds at c=16."""
+    return fixed if fixed else max(24, 3 * concurrency)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--servers", default="llamaray,llama-server,llama-cpp-python",
+                   help="comma-separated, from: " + ", ".join(SERVERS))
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated closed-loop levels")
+    p.add_argument("--requests-per-level", type=int, default=None,
+                   help="requests per level (default: max(24, 3 * concurrency))")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--quiet-wait", type=float, default=180.0,
+                   help="before each level, wait up to this many seconds for other processes to use "
+                        "< 0.25 cores (on a shared machine they distort llama.cpp's numbers)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    ns = p.parse_args(argv)
+    ns.servers = [s.strip() for s in ns.servers.split(",") if s.strip()]
+    unknown = [s for s in ns.servers if s not in SERVERS]
+    if unknown:
+        p.error(f"unknown server(s) {unknown}; known: {', '.join(SERVERS)}")
+    ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]
+    return ns
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def llama_server_version(binary: Path) -> list[str] | str:
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+        return (out.stdout + out.stderr).strip().splitlines()[-2:]
+    except Exception as exc:  # noqa: BLE001 - informational only
+        return f"? ({exc})"
+
+
+async def bench_server(server, ns) -> list[dict[str, Any]]:
+    levels = []
+    for c in ns.concurrency:
+        n = requests_for(c, ns.requests_per_level)
+        common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout)
+        quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
+        [warm] = await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS,
+                                       seed_base=SEED_BASE, first_index=WARMUP_INDEX, **common)
+        log(f"{server.name} c={c}: warm-up {warm.outcome} ({warm.completion_tokens} tokens, "
+            f"{warm.latency_s:.2f} s); {n} requests")
+        meter = CpuMeter(server.session_id)
+        t0 = time.perf_counter()
+        results = await run_closed_loop(server.base_url, server.model, c, n, DEFAULT_PROMPTS,
+                                        seed_base=SEED_BASE, **common)
+        wall = time.perf_counter() - t0
+        cpu = meter.read()
+        summary = summarize(results, wall)
+        log(f"{server.name} c={c}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
+            f"{summary['ttft_ms']['p50'] or float('nan'):.0f} ms, {summary['n_failed']} failed/cut, "
+            f"{wall:.1f} s; cores used: server {cpu['server_cores']}, load generator "
+            f"{cpu['loadgen_cores']}, other processes {cpu['other_cores']}")
+        levels.append({"server": server.name, "concurrency": c, "summary": summary, "cpu": cpu,
+                       "other_load_before": quiet["other_cores"],
+                       "warmup": warm.to_dict(), "requests": [r.to_dict() for r in results]})
+    return levels
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    out: Path = ns.out
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (e.g. from make or a CI runner) unwinds like Ctrl-C, so every server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    model = bundled_model_path()
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "model": str(model),
+        "llama_cpp_python": llama_cpp_python_version(),
+        "n_threads": N_THREADS, "n_parallel": N_PARALLEL, "ctx_per_sequence": CTX_PER_SEQ,
+        "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency,
+                     "requests_per_level": {c: requests_for(c, ns.requests_per_level) for c in ns.concurrency},
+                     "max_tokens": ns.max_tokens, "temperature": ns.temperature,
+                     "seeds": f"{SEED_BASE} + request index", "prompts": len(DEFAULT_PROMPTS),
+                     "warmup": "1 request before each level",
+                     "cpu": "cores used during each level by the server's processes, the load generator "
+                            "and other processes (other_cores > ~0.2: another job competed for the CPUs)",
+                     "tokens_per_s": "completion tokens of all streams (also cut ones) / level wall time",
+                     "itl": "(last content chunk - first content chunk) / (completion_tokens - 1)"},
+        "servers": {},
+    }
+    if "llama-server" in ns.servers:   # build before anything runs, so it never overlaps a level
+        binary = ensure_llama_server(log_dir)
+        meta["llama_server_version"] = llama_server_version(binary)
+
+    levels: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    try:
+        for name in ns.servers:
+            server = SERVERS[name](log_dir)
+            t0 = time.monotonic()
+            try:
+                server.start()
+                meta["servers"][name] = {"command": server.cmdline, "base_url": server.base_url,
+                                         "model": server.model, "startup_s": round(time.monotonic() - t0, 1),
+                                         "log": str(server.log_path)}
+                levels += asyncio.run(bench_server(server, ns))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one broken server must not hide the others
+                failures[name] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
+                meta["servers"].setdefault(name, {"command": server.cmdline, "log": str(server.log_path)})
+                log(f"{name} failed: {exc}")
+            finally:
+                log(f"stopping {name}")
+                server.stop()
+    except KeyboardInterrupt:
+        log("interrupted; servers stopped, writing what was measured")
+        failures["interrupted"] = "the run was interrupted; the table is partial"
+
+    table = report.rows(levels)
+    ratio_rows = report.ratios(table)
+    text = report.format_table(table, ratio_rows, failures)
+    print(text, flush=True)
+    json_path, png_path = out / "bench.json", out / "bench.png"
+    report.write_json(json_path, {**meta, "table": table, "ratios": ratio_rows, "failures": failures,
+                                  "levels": [{k: v for k, v in lv.items() if k != "requests"} for lv in levels]})
+    report.write_json(out / "bench-requests.json",
+                      {"levels": [{"server": lv["server"], "concurrency": lv["concurrency"],
+                                   "requests": lv["requests"]} for lv in levels]})
+    if table:
+        report.write_chart(png_path, table, f"SmolLM2-135M Q4_1, {os.cpu_count()} CPUs, {N_THREADS} threads, "
+                                            f"max_tokens {ns.max_tokens}, llama-cpp-python "
+                                            f"{meta['llama_cpp_python']} ({meta['date']})")
+    print(f"\nwrote {json_path}" + (f" and {png_path}" if table else ""), flush=True)
+    return 1 if failures or not table else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

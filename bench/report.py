@@ -1,0 +1,138 @@
+"""The benchmark's outputs: one text table, the same as JSON, and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+OTHER_LOAD_WARN = 0.2   # cores used by other processes during a level that make it suspect
+
+
+def _cores(cpu: dict | None) -> str:
+    if not cpu:
+        return "-"
+    flag = " !" if cpu["other_cores"] > OTHER_LOAD_WARN else ""
+    return f"{cpu['server_cores']:.2f}/{cpu['loadgen_cores']:.2f}/{cpu['other_cores']:.2f}{flag}"
+
+
+def _fmt(v: float | None, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One flat row per (server, concurrency) from the per-level summaries."""
+    out = []
+    for lv in levels:
+        s = lv["summary"]
+        out.append({
+            "server": lv["server"],
+            "concurrency": lv["concurrency"],
+            "requests": s["n_requests"],
+            "tokens_per_s": s["tokens_per_s"],
+            "ttft_p50_ms": s["ttft_ms"]["p50"],
+            "ttft_p95_ms": s["ttft_ms"]["p95"],
+            "itl_p50_ms": s["itl_ms"]["p50"],
+            "failed_or_cut": s["n_failed"],
+            "outcomes": s["outcomes"],
+            "mean_completion_tokens": s["mean_completion_tokens"],
+            "completion_tokens_source": s["completion_tokens_source"],
+            "wall_s": s["wall_s"],
+            "cpu": lv.get("cpu"),
+        })
+    return out
+
+
+def ratios(table: list[dict[str, Any]], ours: str = "llamaray") -> list[dict[str, Any]]:
+    """llamaray / peer for tokens/s (> 1: llamaray faster) and TTFT p50 (< 1: llamaray faster)."""
+    by_key = {(r["server"], r["concurrency"]): r for r in table}
+    out = []
+    for r in table:
+        if r["server"] == ours:
+            continue
+        mine = by_key.get((ours, r["concurrency"]))
+        if mine is None:
+            continue
+
+        def ratio(key: str) -> float | None:
+            a, b = mine[key], r[key]
+            return a / b if a is not None and b else None
+
+        out.append({"peer": r["server"], "concurrency": r["concurrency"],
+                    "tokens_per_s": ratio("tokens_per_s"), "ttft_p50": ratio("ttft_p50_ms")})
+    return out
+
+
+def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
+                 failures: dict[str, str] | None = None) -> str:
+    head = ("server", "conc", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
+            "failed/cut", "tokens from", "cores srv/gen/other")
+    body = []
+    for r in table:
+        cut = str(r["failed_or_cut"])
+        if r["failed_or_cut"]:
+            bad = {k: v for k, v in r["outcomes"].items() if k != "ok"}
+            cut += " (" + ", ".join(f"{k} {v}" for k, v in bad.items()) + ")"
+        body.append((r["server"], str(r["concurrency"]), str(r["requests"]), _fmt(r["tokens_per_s"], ".1f"),
+                     _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["itl_p50_ms"], ".1f"), cut,
+                     str(r["completion_tokens_source"]), _cores(r.get("cpu"))))
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(c.ljust(w) if i in (0, 7, 8, 9) else c.rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    lines = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    if ratio_rows:
+        lines += ["", "llamaray / peer (tok/s: > 1 is llamaray faster; TTFT p50: < 1 is llamaray faster)"]
+        for x in ratio_rows:
+            lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{_fmt(x['tokens_per_s'], '.2f')}"
+                         f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}")
+    if any((r.get("cpu") or {}).get("other_cores", 0) > OTHER_LOAD_WARN for r in table):
+        lines.append(f"\n! other processes used > {OTHER_LOAD_WARN} cores during a level marked '!': "
+                     "its numbers are lower than on a quiet machine")
+    for name, err in (failures or {}).items():
+        lines.append(f"\n{name}: {err}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_chart(path: Path, table: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = list(dict.fromkeys(r["server"] for r in table))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name in servers:
+        rs = sorted((r for r in table if r["server"] == name), key=lambda r: r["concurrency"])
+        cs = [r["concurrency"] for r in rs]
+        (l1,) = ax1.plot(cs, [r["tokens_per_s"] or 0 for r in rs], marker="o", label=name)
+        ax2.plot(cs, [r["ttft_p50_ms"] or float("nan") for r in rs], marker="o", label=name,
+                 color=l1.get_color())
+        for r in rs:   # flag levels with failed or cut streams
+            if r["failed_or_cut"]:
+                for ax, y in ((ax1, r["tokens_per_s"] or 0), (ax2, r["ttft_p50_ms"])):
+                    if y is not None:
+                        ax.annotate(f"{r['failed_or_cut']}/{r['requests']} cut", (r["concurrency"], y),
+                                    textcoords="offset points", xytext=(4, 6), fontsize=8,
+                                    color=l1.get_color())
+    all_cs = sorted({r["concurrency"] for r in table})
+    for ax, ylabel in ((ax1, "completion tokens/s (all streams)"), (ax2, "TTFT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(all_cs)
+        ax.set_xticklabels([str(c) for c in all_cs])
+        ax.set_xlabel("concurrent streams (closed loop)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax1.set_ylim(bottom=0)
+    ax2.set_yscale("log")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

