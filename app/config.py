@@ -36,7 +36,7 @@ class ModelConfig(BaseModel):
     n_threads: int | None = Field(None, ge=1, description="decode threads (default: all cores)")
     n_threads_batch: int | None = Field(None, ge=1, description="prompt threads (default: n_threads)")
     n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to the GPU, -1 for all")
-    kv_unified: bool = Field(True, description="one KV pool shared by all slots")
+    kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
     chat_template: str | None = Field(None, description="Jinja chat template overriding the GGUF's")
     reasoning_parser: str = "auto"
     tool_parser: str = "auto"

@@ -25,6 +25,8 @@ from .stop import StopMatcher
 
 log = logging.getLogger("llamaray.engine")
 
+MIN_COPY_TOKENS = 16
+
 Sink = Callable[[tuple[Any, ...]], None]
 """Receives ("start", info) once, ("text", str, n_tokens) many times, then ("end", info) or
 ("error", APIError). Called on the engine thread: it must be quick and must not raise."""
@@ -127,6 +129,11 @@ class LlamaEngine:
                 "healthy": self.healthy(),
             }
 
+    @property
+    def active(self) -> int:
+        """Sequences in slots (read without the lock: a hint, not an exact count)."""
+        return sum(s is not None for s in self._slots)
+
     def healthy(self) -> bool:
         return self.broken is None and self._thread.is_alive()
 
@@ -205,25 +212,42 @@ class LlamaEngine:
                 log.exception("could not build the sampler for %s", seq.req.request_id)
                 self._out(seq, ("error", internal_error("Could not set up sampling for this request.")))
                 continue
-            slot, reuse = self._pick_slot(seq.prompt)
-            # Keep the shared prefix, drop the rest; always recompute at least the last prompt
-            # token so there are logits to sample from.
+            slot, source, reuse = self._pick_slot(seq.prompt)
+            # Always recompute at least the last prompt token so there are logits to sample from.
             reuse = min(reuse, len(seq.prompt) - 1)
-            self.mc.seq_rm(slot, reuse, -1)
+            if source == slot:
+                self.mc.seq_rm(slot, reuse, -1)  # keep the shared prefix, drop the rest
+            else:
+                # Another slot holds the longest prefix (a shared system prompt, a conversation
+                # that moved): reuse its KV instead of recomputing it. In one unified pool the
+                # cells are shared; across per-slot streams llama.cpp copies only whole streams
+                # (a partial copy aborts), so copy it all and trim.
+                self.mc.seq_rm(slot, 0, -1)
+                if reuse > 0 and self.spec.kv_unified:
+                    self.mc.seq_cp(source, slot, 0, reuse)
+                elif reuse > 0:
+                    self.mc.seq_cp(source, slot, -1, -1)
+                    self.mc.seq_rm(slot, reuse, -1)
             self._slot_tokens[slot] = seq.prompt[:reuse]
             seq.slot, seq.n_past, seq.cached = slot, reuse, reuse
             self._slots[slot] = seq
             self._out(seq, ("start", {"prompt_tokens": len(seq.prompt), "cached_tokens": reuse}))
 
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        best, best_len = -1, -1
-        for i, occupant in enumerate(self._slots):
-            if occupant is not None:
-                continue
-            n = _common_prefix(self._slot_tokens[i], prompt)
-            if n > best_len:
-                best, best_len = i, n
-        return best, best_len
+    def _pick_slot(self, prompt: list[int]) -> tuple[int, int, int]:
+        """(free slot to use, slot whose KV holds the longest prefix of `prompt`, its length).
+
+        A free slot that already holds the best prefix is used as it is. Otherwise the prefix is
+        copied from wherever it is (a busy slot's earlier positions never change), into the free
+        slot whose own cache is worth least."""
+        prefix = [_common_prefix(tokens, prompt) for tokens in self._slot_tokens]
+        free = [i for i, occupant in enumerate(self._slots) if occupant is None]
+        best_free = max(free, key=lambda i: prefix[i])
+        source = max(range(len(prefix)), key=lambda i: (prefix[i], self._slots[i] is None))
+        # Copying between per-slot streams moves a whole stream: only worth it for a real prefix.
+        if prefix[source] - prefix[best_free] < MIN_COPY_TOKENS:
+            return best_free, best_free, prefix[best_free]
+        target = min(free, key=lambda i: len(self._slot_tokens[i]))
+        return target, source, prefix[source]
 
     def _step(self) -> None:
         batch = self._batch

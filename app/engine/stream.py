@@ -1,7 +1,10 @@
 """Bridge the engine thread to asyncio, coalescing pieces so Ray hops stay cheap.
 
 The first text piece goes out at once (time to first token); after that, pieces that arrive
-within `interval_s` travel together. Each item yielded is a list of events:
+within the coalescing window travel together. The window grows with the number of sequences
+the engine is decoding (`PER_STREAM_S` each): every item costs about a millisecond of CPU per
+Ray hop, and that CPU is taken from llama.cpp's threads, so the replica's total item rate stays
+roughly constant however many streams it serves. Each item yielded is a list of events:
 {"type": "start", prompt_tokens, cached_tokens} | {"type": "text", text, tokens} |
 {"type": "end", finish_reason, prompt_tokens, completion_tokens, cached_tokens}.
 An engine error is raised as APIError. Closing the generator early cancels the request.
@@ -19,6 +22,14 @@ from .engine import LlamaEngine, QueueSink
 from .params import GenerationRequest
 
 
+PER_STREAM_S = 0.015
+MAX_WINDOW_S = 0.5
+
+
+def coalescing_window(base_s: float, active: int) -> float:
+    return min(MAX_WINDOW_S, max(base_s, active * PER_STREAM_S))
+
+
 async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[dict[str, Any]]]:
     queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     seq = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # raises APIError for bad input, before queueing
@@ -30,7 +41,7 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
         while not finished:
             events = [await queue.get()]
             if sent_text and interval_s > 0:
-                delay = last_yield + interval_s - time.monotonic()
+                delay = last_yield + coalescing_window(interval_s, engine.active) - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
             while not queue.empty():
