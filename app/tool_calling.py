@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .chat_template import content_text
 from .errors import invalid_request
 from .grammars import SchemaError, literal, schema_rules, tool_call_schema
 from .parsers import (
@@ -132,10 +133,10 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
                                                "arguments": _json_or_text(c["function"]["arguments"])},
                                               ensure_ascii=False) + "\n</tool_call>"
                 for c in m["tool_calls"])
-            text = _text(m.get("content"))
+            text = content_text(m.get("content"))
             out.append({"role": "assistant", "content": (text + "\n" if text else "") + calls})
         elif m["role"] == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"})
+            out.append({"role": "user", "content": f"<tool_response>\n{content_text(m.get('content'))}\n</tool_response>"})
         else:
             out.append(m)
     if tools:
@@ -146,18 +147,10 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
             f"Available functions:\n<tools>\n{listing}\n</tools>"
         )
         if out and out[0]["role"] in ("system", "developer"):
-            out[0] = {**out[0], "role": "system", "content": _text(out[0].get("content")) + "\n\n" + system}
+            out[0] = {**out[0], "role": "system", "content": content_text(out[0].get("content")) + "\n\n" + system}
         else:
             out.insert(0, {"role": "system", "content": system})
     return out
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
 def _json_or_text(s: str) -> Any:
