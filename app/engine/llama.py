@@ -161,7 +161,8 @@ def check_grammar(mc: LlamaModelContext, grammar: str) -> None:
     """Parse a GBNF grammar in isolation; a malformed one is the client's 400, never a crash."""
     smpl = L.llama_sampler_init_grammar(mc.vocab, grammar.encode(), b"root")
     if not smpl:
-        raise invalid_request("The grammar could not be parsed as GBNF (it needs a `root` rule).",
+        raise invalid_request("llama.cpp's GBNF parser rejected the grammar: check its syntax, that it "
+                              "defines `root`, and that repetitions stay within the parser's limits.",
                               param="grammar", code="invalid_grammar")
     L.llama_sampler_free(smpl)
 

@@ -105,7 +105,9 @@ def test_limits_are_explicit_400s_and_413(http):
 # ---- deadlines --------------------------------------------------------------------------------
 
 def test_deadline_ends_stuck_requests(rcluster, http):
-    long = chat(max_tokens=900, temperature=1.0, min_p=0.0, top_k=0, seed=1)
+    # The grammar allows no end before 600 words (>= 600 tokens, several seconds here), so the
+    # 4 s deadline, not the model, ends the request.
+    long = chat(max_tokens=900, seed=1, grammar='root ::= w{600}\nw ::= [a-z]{1,8} " "')
     t0 = time.monotonic()
     r = http.post("/v1/chat/completions", json=long)
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
