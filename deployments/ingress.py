@@ -11,7 +11,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.auth import KeyChecker, load_api_keys
-from app.config import AuthConfig, Limits, ModelSpec
+from app.config import AuthConfig, Limits, ModelSpec, deployment_name
 from app.server import ServerSettings, build_app, model_cards
 
 from .errors import to_api_error
@@ -56,14 +56,36 @@ class Ingress:
         """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
         return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
 
+    def _scaled_to_zero(self) -> set[str]:
+        """Model deployments that Serve reports healthy with no replica (min_replicas: 0)."""
+        app = serve.status().applications.get(serve.get_replica_context().app_name)
+        if app is None:
+            return set()
+        cold = set()
+        for spec in self.specs:
+            dep = app.deployments.get(deployment_name(spec.id))
+            running = sum(dep.replica_states.values()) if dep else -1
+            if dep is not None and running == 0 and str(getattr(dep.status, "value", dep.status)) == "HEALTHY":
+                cold.add(spec.id)
+        return cold
+
     async def ready(self) -> dict[str, bool]:
-        async def one(handle: DeploymentHandle) -> bool:
+        # A model scaled to zero is ready (the first request waits for a replica); asking it for
+        # stats would itself start a replica, so it is not asked.
+        try:
+            cold = await asyncio.to_thread(self._scaled_to_zero)
+        except Exception:  # noqa: BLE001 - no controller answer: ask the replicas directly
+            cold = set()
+
+        async def one(model_id: str) -> bool:
+            if model_id in cold:
+                return True
             try:
-                stats = await asyncio.wait_for(handle.stats.remote(), timeout=5)
+                stats = await asyncio.wait_for(self.models[model_id].stats.remote(), timeout=5)
                 return bool(stats.get("healthy"))
             except Exception:  # noqa: BLE001 - not loaded yet, or failing: not ready
                 return False
 
         ids = list(self.models)
-        results = await asyncio.gather(*(one(self.models[m]) for m in ids))
+        results = await asyncio.gather(*(one(m) for m in ids))
         return dict(zip(ids, results))

@@ -163,3 +163,16 @@ def test_autoscaling_cluster_adds_and_removes_gpu_nodes():
             assert max(seen_nodes) >= 2 and max(seen_running) >= 2
     finally:
         fake.shutdown()
+
+
+def test_cold_start_from_zero_model_replicas():
+    config = scaling_config(min_replicas=0)
+    config["applications"][0]["deployments"][2]["autoscaling_config"]["initial_replicas"] = 0
+    with ServeCluster(config, num_cpus=4, num_gpus=1) as cluster:  # waits for /health 200
+        assert sum(cluster.replicas(MODEL_DEPLOYMENT).values()) == 0  # healthy, and cold
+        t0 = time.monotonic()
+        r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert time.monotonic() - t0 < 60  # the first request waited for a replica, boundedly
+        assert cluster.replicas(MODEL_DEPLOYMENT).get("RUNNING") == 1
