@@ -21,11 +21,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .auth import KeyChecker
-from .openapi import openapi_document
 from .errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
-from .schemas import ChatCompletionRequest, parse_chat_request
+from .openapi import openapi_document
+from .schemas import parse_chat_request
 from .sse import SSE_HEADERS, encode_event, frame_stream
 
 log = logging.getLogger("llamaray.server")
