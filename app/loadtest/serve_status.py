@@ -10,10 +10,12 @@ only the HTTP endpoint is reachable, and then simply has no replica data.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -68,6 +70,19 @@ def parse_replicas(payload: Any) -> dict[str, DeploymentReplicas]:
     return out
 
 
+def ray_auth_headers() -> dict[str, str]:
+    """Ray's dashboard token, when this machine has one (Ray 2.60 turns token auth on for
+    clusters that `serve run` starts): $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class ServePoller:
     """Polls the dashboard every `interval_s` and hands each successful sample to `on_sample`.
     A failed poll is counted and remembered (`last_error`), never raised: no Serve, no data."""
@@ -79,6 +94,7 @@ class ServePoller:
         # The endpoint asks the Serve controller; allow it a little longer than one interval.
         self.timeout_s = timeout_s if timeout_s is not None else max(2.0, 2 * interval_s)
         self._client = client
+        self.headers = ray_auth_headers()
         self.n_ok = 0
         self.n_failed = 0
         self.last_error: str | None = None
@@ -86,7 +102,7 @@ class ServePoller:
     async def poll_once(self) -> dict[str, DeploymentReplicas] | None:
         client = self._client or httpx.AsyncClient(timeout=self.timeout_s)
         try:
-            resp = await client.get(self.url, timeout=self.timeout_s)
+            resp = await client.get(self.url, timeout=self.timeout_s, headers=self.headers)
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
             sample = parse_replicas(resp.json())
