@@ -111,11 +111,15 @@ class EdgeTrim:
     not depend on how the text was split into pieces.
     """
 
-    __slots__ = ("pending", "strip_leading")
+    __slots__ = ("pending", "strip_leading", "separate")
 
     def __init__(self, strip_leading: bool = False) -> None:
         self.pending = ""
         self.strip_leading = strip_leading
+        # Set where something was taken out of the middle of the text (a stray tag, a block of
+        # another kind): the text on both sides must not join up, or "<th" + "ink>" would become
+        # a tag. One space keeps them apart unless whitespace is already there.
+        self.separate = False
 
     def push(self, text: str) -> str:
         if self.strip_leading:
@@ -123,6 +127,10 @@ class EdgeTrim:
             if not text:
                 return ""
             self.strip_leading = False
+        if self.separate and text:
+            if not self.pending and not text[0].isspace():
+                text = " " + text
+            self.separate = False
         text = self.pending + text
         body = text.rstrip()
         self.pending = text[len(body):]

@@ -154,13 +154,20 @@ class ThinkReasoningParser(ReasoningParser):
     def _on_tag(self, tag: str) -> None:
         opening = tag == self.start_tag
         if opening == self._in_reasoning:  # stray tag: drop it, stay in mode
-            self._trim[self._kind()].cut()
+            self._keep_apart(self._kind())
             return
         # leaving the current mode: its held trailing whitespace is dropped;
         # the next mode's leading whitespace is dropped.
         self._trim[self._kind()].pending = ""
         self._in_reasoning = opening
         self._trim[self._kind()].strip_leading = True
+        self._keep_apart(self._kind())
+
+    def _keep_apart(self, kind: str) -> None:
+        """Text of `kind` resumes after something was taken out of it (a stray tag, or a block
+        of the other kind): the two sides must not join up into a new tag ("<th" + "ink>")."""
+        if self._content_sent if kind == "content" else self._reasoning_text:
+            self._trim[kind].separate = True
 
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {

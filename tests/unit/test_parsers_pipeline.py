@@ -66,7 +66,7 @@ def test_include_reasoning_false():
 
 def test_adjacent_content_merged_after_dropped_reasoning():
     p = ReplyParser("think", include_reasoning=False)
-    assert p.feed("A<think>r</think>B") == [{"content": "AB"}]
+    assert p.feed("A<think>r</think>B") == [{"content": "A B"}]  # one delta; the sides kept apart
 
 
 def test_parallel_tool_calls_false():

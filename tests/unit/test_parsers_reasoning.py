@@ -80,9 +80,21 @@ def test_starts_in_reasoning():
 
 
 def test_stray_tags_are_dropped():
+    # Dropped, but the text on both sides stays apart (one space unless whitespace is there).
     p = ThinkReasoningParser()
-    assert p.parse("a</think>b") == (None, "ab")
-    assert p.parse("<think>x<think>y</think>z") == ("xy", "z")
+    assert p.parse("a</think>b") == (None, "a b")
+    assert p.parse("a </think>b") == (None, "a b")
+    assert p.parse("<think>x<think>y</think>z") == ("x y", "z")
+    assert p.parse("answer</think>") == (None, "answer")
+
+
+def test_dropping_a_stray_tag_never_forms_a_new_tag():
+    p = ThinkReasoningParser()
+    for text in ("<th</think>ink>", "<th </think>ink>", "</th</think>ink>"):
+        reasoning, content = p.parse(text)
+        assert reasoning is None and "<think>" not in content and "</think>" not in content, content
+        streamed = run(ThinkReasoningParser(), list(text))
+        assert "".join(d.text for d in streamed if d.kind == "content") == content
 
 
 def test_custom_tags():
@@ -101,7 +113,7 @@ def test_none_parser():
 def test_parse_does_not_disturb_streaming_state():
     p = ThinkReasoningParser()
     assert p.feed("<think>a") == [Delta("reasoning", "a")]
-    assert p.parse("b</think>c") == (None, "bc")
+    assert p.parse("b</think>c") == (None, "b c")
     assert p.feed("</think>d") == [Delta("content", "d")]
 
 

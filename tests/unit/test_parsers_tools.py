@@ -43,7 +43,7 @@ def test_registry_and_detect():
 def test_hermes_prose_and_two_calls():
     text = ('Checking both.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
             '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>\nDone.')
-    assert calls(HermesToolParser(), text) == ("Checking both.Done.", [("a", {"x": 1}), ("b", {})])
+    assert calls(HermesToolParser(), text) == ("Checking both. Done.", [("a", {"x": 1}), ("b", {})])
 
 
 def test_hermes_arguments_canonical_and_string_args():
@@ -312,3 +312,12 @@ def test_generated_calls_are_found(fmt, data):
     assert [(c.name, c.arguments) for c in got_head] == [(c.name, c.arguments) for c in got[:-1]]
     # (llama3_json: the "; " separator belongs to the unclaimed call region)
     assert content == ("; " if fmt == "llama3_json" and len(args) > 1 else "") + head[last:]
+
+
+def test_prose_around_a_claimed_call_never_forms_a_marker():
+    text = '<tool_<tool_call>{"name": "f", "arguments": {}}</tool_call>call>'
+    content, got = HermesToolParser().parse(text)
+    assert [c.name for c in got] == ["f"] and "<tool_call>" not in content
+    parser = HermesToolParser()
+    streamed = [d for piece in text for d in parser.feed(piece)] + parser.finish()
+    assert "".join(d.text for d in streamed if hasattr(d, "kind")) == content

@@ -80,6 +80,7 @@ class ToolParser:
         self._buf = ""
         self._in_call = False
         self._trim = EdgeTrim()
+        self._said = False  # some content was emitted
         self._count = 0
         self._done = False
         self._region: dict[str, Any] = {}  # per-region scratch, cleared when a region ends
@@ -156,7 +157,10 @@ class ToolParser:
 
     # -- machine ---------------------------------------------------------
     def _content(self, text: str) -> list[ToolDelta]:
-        return [Delta("content", text)] if text else []
+        if not text:
+            return []
+        self._said = True
+        return [Delta("content", text)]
 
     def _drain(self, final: bool) -> list[ToolDelta]:
         out: list[ToolDelta] = []
@@ -181,6 +185,8 @@ class ToolParser:
             self._region.clear()
             if calls and self._allowed(calls):
                 self._trim.cut()
+                # prose on both sides of the call must not join up into a marker ("<tool_" + "call>")
+                self._trim.separate = self._said
                 for name, args in calls:
                     out.append(CallDelta(self._count, args, new_call_id(), name))
                     self._count += 1
