@@ -87,14 +87,24 @@ class ServeCluster:
             last = status
             if status is not None and status.status == "DEPLOY_FAILED":
                 raise RuntimeError(f"deploy failed: {status.message}")
-            if status is not None and status.status == "RUNNING":
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
+            if status is not None and status.status == "RUNNING" and self.healthy():
+                return
             time.sleep(0.5)
         raise TimeoutError(f"app not ready after {self.timeout_s}s: {last}")
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return True
+            time.sleep(0.5)
+        return False
 
     def replicas(self, deployment: str) -> dict[str, int]:
         """Replica counts by state, as Serve's own status reports them."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import codecs
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -65,8 +64,6 @@ class _Seq:
     logits_at: int = -1      # index in the current batch whose logits this sequence samples
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     stop: StopMatcher | None = None
-    tokens: list[int] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
 
 
 class LlamaEngine:
@@ -308,7 +305,6 @@ class LlamaEngine:
             self._finish(seq, "stop")
             return
         seq.last_token = token
-        seq.tokens.append(token)
         seq.pending_text_tokens += 1
         text = seq.decoder.decode(self.mc.piece(token))
         out, matched = seq.stop.feed(text)

@@ -213,14 +213,7 @@ def test_killed_model_replica_ends_streams_with_error_and_recovers(rcluster):
     assert last["error"]["code"] == "replica_unavailable", last
     assert not any('"finish_reason":"stop"' in e for e in events)
     # Serve replaces the replica; new requests succeed once it is healthy.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{rcluster.url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    assert rcluster.wait_healthy(120)
     r = httpx.post(f"{rcluster.url}/v1/chat/completions", json=chat(), headers=AUTH, timeout=60)
     assert r.status_code == 200
     assert stats(rcluster)["pid"] != pid
