@@ -2,19 +2,26 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# llama-cpp-python is compiled by tools/llama_build.py (native kernels, AMX compiled out: llama.cpp
+# #20824) and cached by a key of its version, flags, compiler and this CPU's features; the venv stamp
+# carries the key, so a venv built on another CPU or with other flags is reinstalled, never reused.
+# LLAMARAY_CUDA=1 builds the CUDA backend (GPU nodes).
+LLAMA_BUILD_KEY := $(shell $(PYTHON) tools/llama_build.py --key)
+STAMP  := $(VENV)/.installed-$(LLAMA_BUILD_KEY)
 LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
 .PHONY: run test test-slow install config clean bench loadtest
 
-# The venv is rebuilt only when pyproject.toml changes. pip's wheel cache keeps the
-# llama-cpp-python build (compiled from source, ~5 min) for later venvs.
-$(STAMP): pyproject.toml
+# The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
+# llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
+$(STAMP): pyproject.toml tools/llama_build.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
+	$(PYTHON) tools/llama_build.py --install $(PY)
 	$(PY) -m pip install -e '.[test]'
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -37,6 +37,10 @@ class ModelConfig(BaseModel):
     n_threads_batch: int | None = Field(None, ge=1, description="prompt threads (default: n_threads)")
     n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to the GPU, -1 for all")
     kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
+    cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
+        "auto", description="llama.cpp's extra CPU weight buffers (repacked/AMX); auto: off only for an AMX "
+                            "build on an AMX CPU (llama.cpp #20824)")
+    startup_self_check: bool = Field(True, description="load and decode once in a child process before serving")
     chat_template: str | None = Field(None, description="Jinja chat template overriding the GGUF's")
     reasoning_parser: str = "auto"
     tool_parser: str = "auto"
@@ -102,6 +106,8 @@ class ModelSpec:
     n_threads_batch: int
     n_gpu_layers: int
     kv_unified: bool
+    cpu_extra_buffers: str
+    startup_self_check: bool
     chat_template: str
     bos_token: str
     eos_token: str
@@ -171,6 +177,8 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         n_threads_batch=cfg.n_threads_batch or threads,
         n_gpu_layers=cfg.n_gpu_layers,
         kv_unified=cfg.kv_unified,
+        cpu_extra_buffers=cfg.cpu_extra_buffers,
+        startup_self_check=cfg.startup_self_check,
         chat_template=template,
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),

@@ -36,7 +36,9 @@ class ChatBackend(Protocol):
 
     def stream(self, request: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
 
-    async def ready(self) -> dict[str, bool]: ...
+    async def ready(self) -> dict[str, bool | str]:
+        """Per model: True (serving), False (loading), or why it cannot serve on this node."""
+
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,13 @@ def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSet
         except Exception as exc:  # noqa: BLE001
             log.warning("health check failed: %s", exc)
             ready = {m: False for m in cards}
-        ok = bool(ready) and all(ready.get(m, False) for m in cards)
-        return JSONResponse({"status": "ok" if ok else "loading", "models": ready}, status_code=200 if ok else 503)
+        ok = bool(ready) and all(ready.get(m) is True for m in cards)
+        errors = {m: v for m, v in ready.items() if isinstance(v, str)}
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable" if errors else "loading",
+                                "models": {m: v is True for m, v in ready.items()}}
+        if errors:
+            body["errors"] = errors
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     spec = openapi_document()
 

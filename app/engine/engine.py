@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import ModelSpec
 from ..errors import APIError, context_length_exceeded, internal_error
+from . import hardware
 from .llama import Batch, LlamaModelContext, SamplerChain, check_grammar, decode
 from .params import GenerationRequest
 from .stop import StopMatcher
@@ -73,6 +74,7 @@ class LlamaEngine:
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
             n_threads=spec.n_threads, n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
             kv_unified=spec.kv_unified,
+            extra_buffers=hardware.use_extra_buffers(spec.cpu_extra_buffers, hardware.system_info()),
         )
         self.n_ctx = spec.n_ctx
         self._batch = Batch(max(spec.n_batch, spec.n_seq_max))

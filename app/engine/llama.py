@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 
 import llama_cpp as L
@@ -22,13 +23,20 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
+_BUFFER_LINE = re.compile(r"\b([\w-]+) model buffer size\s*=\s*([\d.]+) MiB")
+model_buffers: dict[str, float] = {}
+"""Where the last loaded model's weights went (buffer type -> MiB), from llama.cpp's load log."""
+
+
 @L.llama_log_callback
 def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    msg = text.decode("utf-8", errors="replace").rstrip()
+    found = _BUFFER_LINE.search(msg)
+    if found:
+        model_buffers[found.group(1)] = float(found.group(2))
     # llama.cpp logs every tensor at load; keep only warnings and errors.
-    if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR):
-        msg = text.decode("utf-8", errors="replace").rstrip()
-        if msg:
-            log.warning("llama.cpp: %s", msg)
+    if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR) and msg:
+        log.warning("llama.cpp: %s", msg)
 
 
 def init_backend() -> None:
@@ -44,10 +52,13 @@ class LlamaModelContext:
     """One loaded model and one context with `n_seq_max` sequences sharing a KV pool."""
 
     def __init__(self, path: str, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int, n_threads: int,
-                 n_threads_batch: int, n_gpu_layers: int, kv_unified: bool) -> None:
+                 n_threads_batch: int, n_gpu_layers: int, kv_unified: bool, extra_buffers: bool = True) -> None:
         init_backend()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 2**31 - 1
+        # False keeps weights out of the extra CPU buffer types (repacked, AMX): see hardware.py.
+        mparams.use_extra_bufts = extra_buffers
+        model_buffers.clear()
         self.model = L.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model at {path}")
@@ -155,6 +166,21 @@ class Batch:
 def decode(mc: LlamaModelContext, batch: Batch) -> int:
     batch.raw.n_tokens = batch.n
     return int(L.llama_decode(mc.ctx, batch.raw))
+
+
+def greedy_token(mc: LlamaModelContext, tokens: list[int]) -> int:
+    """Decode `tokens` as sequence 0 and return the most likely next token (the startup self-check)."""
+    batch = Batch(len(tokens))
+    smpl = L.llama_sampler_init_greedy()
+    try:
+        for i, token in enumerate(tokens):
+            batch.add(token, i, 0, i == len(tokens) - 1)
+        if decode(mc, batch) != 0:
+            raise RuntimeError("llama_decode failed on the self-check prompt")
+        return int(L.llama_sampler_sample(smpl, mc.ctx, batch.n - 1))
+    finally:
+        L.llama_sampler_free(smpl)
+        batch.free()
 
 
 def check_grammar(mc: LlamaModelContext, grammar: str) -> None:

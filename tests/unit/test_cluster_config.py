@@ -157,12 +157,12 @@ def test_gpu_worker_type_scales_from_zero(config: dict[str, Any]) -> None:
         assert node_type["max_workers"] <= config["max_workers"], name
 
 
-def test_setup_installs_llama_cpp_python_with_cuda(config: dict[str, Any]) -> None:
-    cuda_installs = [
-        c for c in _all_setup_commands(config) if "llama-cpp-python" in c and "GGML_CUDA=on" in c
-    ]
-    assert cuda_installs, "no setup command installs llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on"
-    assert any("CMAKE_ARGS=" in c for c in cuda_installs)
+def test_setup_builds_llama_cpp_python_with_cuda_by_the_project_tool(config: dict[str, Any]) -> None:
+    # The same tool as `make install`: native kernels without AMX (llama.cpp #20824), keyed cache.
+    builds = [c for c in _all_setup_commands(config) if "tools/llama_build.py --install" in c]
+    assert builds, "no setup command runs tools/llama_build.py --install"
+    assert all("--cuda" in c and "--cuda-arch" in c for c in builds), builds
+    assert not [c for c in _all_setup_commands(config) if "CMAKE_ARGS=" in c], "bypasses the build tool"
 
 
 def test_setup_installs_the_synced_project(config: dict[str, Any]) -> None:

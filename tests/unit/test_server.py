@@ -310,6 +310,15 @@ def test_health_not_ready_503(client, backend, ready):
     assert resp.json()["status"] == "loading"
 
 
+def test_health_says_why_a_model_cannot_serve(client, backend):
+    why = "model 'm': the startup self-check failed (killed by SIGSEGV)"
+    backend.ready_result = {"m": why, "org/other-model": True}
+    resp = client.get("/health")
+    assert resp.status_code == 503
+    assert resp.json() == {"status": "unavailable", "models": {"m": False, "org/other-model": True},
+                           "errors": {"m": why}}
+
+
 def test_health_backend_raises_503(client, backend):
     backend.ready_result = RuntimeError("replica gone")
     resp = client.get("/health")

@@ -1,0 +1,105 @@
+"""Startup self-check: load the model and decode once in a child process before the replica serves.
+
+A native crash in llama.cpp (an AMX kernel, an instruction this CPU lacks, a broken GPU build) kills the
+process that runs it. Run in the replica, that is a replica Serve restarts forever, each request a 503
+with no reason given. Run here first, the crash kills only the child; the replica stays up and says why,
+in its log and in /health.
+
+    python -m app.engine.selfcheck < params.json     # the child; prints one JSON line
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config import ModelSpec
+from . import hardware
+
+log = logging.getLogger("llamaray.selfcheck")
+
+TIMEOUT_S = 600.0
+_APP_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class EngineUnavailable(RuntimeError):
+    """The model cannot run in this process; the message says why and what to do."""
+
+
+def _child_params(spec: ModelSpec) -> dict[str, Any]:
+    return {"path": spec.path, "n_gpu_layers": spec.n_gpu_layers, "n_threads": spec.n_threads,
+            "cpu_extra_buffers": spec.cpu_extra_buffers}
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[str] | None = None) -> dict[str, Any]:
+    """Load `spec`'s model and decode one token in a child; its report, or EngineUnavailable.
+    `command` replaces the child (tests give it one that crashes)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_APP_ROOT, os.environ.get("PYTHONPATH")]))}
+    command = command or [sys.executable, "-m", "app.engine.selfcheck"]
+    try:
+        proc = subprocess.run(command, input=json.dumps(_child_params(spec)),
+                              capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise EngineUnavailable(f"model {spec.id!r}: llama.cpp did not load and decode once within {timeout_s:.0f} s "
+                                f"in the startup self-check. {hardware.describe()}") from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    how = (f"killed by {_signal_name(proc.returncode)}" if proc.returncode < 0
+           else f"exit status {proc.returncode}")
+    info = None
+    for line in lines:  # the child prints llama.cpp's system info before it loads anything
+        if line.startswith("{") and '"system_info"' in line:
+            info = json.loads(line).get("system_info")
+    tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+    hints = hardware.crash_hints(info)
+    raise EngineUnavailable(
+        f"model {spec.id!r}: the startup self-check (load {Path(spec.path).name}, decode one token) failed "
+        f"({how}), so this replica does not run it. "
+        + (f"Likely cause: {'; '.join(hints)}. " if hints else "")
+        + f"{hardware.describe(info)}." + (f" Last output: {tail}" if tail else ""))
+
+
+def start_engine(spec: ModelSpec) -> Any:
+    """The replica's LlamaEngine, after the self-check passed (when enabled); EngineUnavailable if not."""
+    from .engine import LlamaEngine
+
+    if spec.startup_self_check:
+        report = run_self_check(spec)
+        log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
+                 "on" if report.get("extra_buffers") else "off", hardware.describe(report.get("system_info")))
+    return LlamaEngine(spec)
+
+
+def _child() -> None:
+    from .llama import LlamaModelContext, greedy_token
+
+    params = json.loads(sys.stdin.read())
+    info = hardware.system_info()
+    extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
+    print(json.dumps({"system_info": info}), flush=True)  # survives a crash below
+    mc = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
+                           n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
+                           n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra)
+    try:
+        token = greedy_token(mc, mc.tokenize("Hello"))
+    finally:
+        mc.close()
+    print(json.dumps({"ok": True, "system_info": info, "extra_buffers": extra, "token": token}), flush=True)
+
+
+if __name__ == "__main__":
+    _child()
