@@ -25,6 +25,17 @@ def load_api_keys(env_var: str | None = DEFAULT_ENV, key_file: str | None = None
     return tuple(sorted({k.strip().encode() for k in keys if k.strip()}))
 
 
+class MissingKeys(RuntimeError):
+    """`auth.required` is set and no key was loaded: the replica must not serve without auth."""
+
+
+def require_keys(keys: tuple[bytes, ...], required: bool, env_var: str | None, key_file: str | None) -> None:
+    if required and not keys:
+        sources = " or ".join(filter(None, [f"${env_var}" if env_var else None, key_file])) or "no source configured"
+        raise MissingKeys(f"auth.required is true but no API key was loaded (looked in {sources}); set the keys "
+                          f"in this replica's environment or file, or set auth.required: false")
+
+
 class KeyChecker:
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys

@@ -8,6 +8,7 @@ handle in production, an in-process engine or a fake in tests. It yields lists o
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,30 +16,46 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .chat_template import render_prompt
-from .config import ModelSpec
+from .config import Limits, ModelSpec
 from .engine.params import GenerationRequest, SamplingParams
 from .errors import APIError, invalid_request, model_not_found, timeout_error
-from .grammars import json_grammar
+from .gbnf_check import GBNFLimits, check_gbnf
+from .grammars import GrammarLimits, json_grammar
 from .observe import NullObserver, RequestObserver, RequestRecord
 from .parsers import ReplyParser
 from .reply import make_reply_parser
 from .schemas import ChatCompletionRequest
 from .tool_calling import ReplyFormat, plan_tools, resolve_reply_format
 
+# Tokens kept free when a cut tool call is continued: the prompt plus the reply so far is tokenized
+# anew, and the reply's text may not give back exactly the tokens that produced it.
+CONTINUATION_MARGIN = 16
+
 OpenStream = Callable[[str, dict[str, Any]], AsyncIterator[list[dict[str, Any]]]]
 
 
-def sampling_from(req: ChatCompletionRequest) -> SamplingParams:
+def sampling_from(req: ChatCompletionRequest, n_vocab: int = 0) -> SamplingParams:
     p = SamplingParams()
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                  "repeat_penalty", "seed"):
         value = getattr(req, name)
         if value is not None:
             setattr(p, name, value)
+    for key, bias in (req.logit_bias or {}).items():
+        if n_vocab and int(key) >= n_vocab:
+            raise invalid_request(f"`logit_bias` names token {key}, which is not a token id of model "
+                                  f"`{req.model}` (its vocabulary has {n_vocab} tokens).", param="logit_bias",
+                                  code="invalid_logit_bias")
+        p.logit_bias.append((int(key), float(bias)))
     return p
 
 
-def format_grammar(req: ChatCompletionRequest) -> str | None:
+def grammar_limits(limits: Limits) -> GrammarLimits:
+    return GrammarLimits(max_repetition=limits.max_schema_repetition, max_depth=limits.max_schema_depth,
+                         max_grammar_bytes=limits.max_schema_grammar_bytes)
+
+
+def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLimits()) -> str | None:
     """The grammar `response_format` or the llama.cpp-style `grammar` field asks for."""
     fmt = req.response_format
     wants_json = fmt is not None and fmt.type != "text"
@@ -49,11 +66,11 @@ def format_grammar(req: ChatCompletionRequest) -> str | None:
     if not wants_json:
         return None
     if fmt.type == "json_object":
-        return json_grammar({"type": "object"}, "response_format")
+        return json_grammar({"type": "object"}, "response_format", limits)
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise invalid_request("`response_format.json_schema.schema` is required for type `json_schema`.",
                               param="response_format.json_schema")
-    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema")
+    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema", limits)
 
 
 def split_call_deltas(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,6 +177,21 @@ def check_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
                               param=param, code="max_tokens_exceeded")
 
 
+def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
+    """Sizes of what becomes a grammar (`grammar`, `tools`), before any grammar work starts."""
+    if req.grammar is not None:
+        check_gbnf(req.grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
+                                           max_repetition=limits.max_schema_repetition))
+    if req.tools:
+        if len(req.tools) > limits.max_tools:
+            raise invalid_request(f"Too many tools: {len(req.tools)} (at most {limits.max_tools}, limits.max_tools).",
+                                  param="tools", code="too_many_tools")
+        size = len(json.dumps([t.model_dump(exclude_none=True) for t in req.tools]))
+        if size > limits.max_tools_bytes:
+            raise invalid_request(f"`tools` is {size} bytes as JSON; at most {limits.max_tools_bytes} are accepted "
+                                  f"(limits.max_tools_bytes).", param="tools", code="tools_too_large")
+
+
 async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: float) -> AsyncIterator[Any]:
     """Iterate `events` until `deadline` (monotonic); then stop it and raise a 504 APIError.
     Closing the source cancels the generation, so a stuck request frees its slot."""
@@ -180,8 +212,10 @@ async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: 
 
 
 class ChatService:
-    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, request_timeout_s: float = 300.0,
+    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
                  observer: RequestObserver | None = None) -> None:
+        self.limits = limits or Limits()
+        request_timeout_s = self.limits.request_timeout_s
         self.observer = observer or NullObserver()
         self.models = {s.id: s for s in specs}
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
@@ -195,10 +229,12 @@ class ChatService:
         if spec is None:
             raise model_not_found(req.model)
         check_limits(req, spec)
+        check_grammar_inputs(req, self.limits)
         fmt = self.formats[spec.id]
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = plan_tools(fmt, req, messages)
-        grammar = format_grammar(req)
+        schema_limits = grammar_limits(self.limits)
+        tools = plan_tools(fmt, req, messages, schema_limits)
+        grammar = format_grammar(req, schema_limits)
         if tools.grammar:
             grammar = tools.grammar  # a forced call wins over a free-form format
         prompt = render_prompt(
@@ -207,8 +243,9 @@ class ChatService:
             tools=tools.template_tools,
             bos_token=spec.bos_token,
             eos_token=spec.eos_token,
+            mark_content=True,
         )
-        sampling = sampling_from(req)
+        sampling = sampling_from(req, spec.n_vocab)
         sampling.grammar = grammar
         gen = GenerationRequest(
             request_id=uuid.uuid4().hex,
@@ -243,6 +280,7 @@ class ChatService:
                         reply.completion_tokens += ev["completion_tokens"]
                         if (ev["finish_reason"] == "length" and plan.tool_parser
                                 and rounds < plan.spec.tool_continuation_rounds
+                                and self._continuation_room(plan, reply) > 0
                                 and parser.has_open_call(reply.full_text())):
                             continued = True
                             continue
@@ -260,14 +298,32 @@ class ChatService:
             gen = GenerationRequest(
                 request_id=uuid.uuid4().hex,
                 prompt=plan.gen.prompt + reply.full_text(),
-                max_tokens=plan.spec.tool_continuation_tokens,
+                max_tokens=self._continuation_room(plan, reply),
                 stop=plan.gen.stop,
                 # keep a forced call's grammar, resumed after the text it already produced
                 sampling=replace(plan.gen.sampling, grammar_prefix=reply.full_text()),
             )
 
+    @staticmethod
+    def _continuation_room(plan: _Plan, reply: _Reply) -> int:
+        """Tokens a continuation round may generate: its budget, within what is left of the context
+        (a margin covers re-tokenizing the reply). 0: no room, the reply ends with `length`."""
+        left = plan.spec.n_ctx - reply.prompt_tokens - reply.completion_tokens - CONTINUATION_MARGIN
+        return max(0, min(plan.spec.tool_continuation_tokens, left))
+
+    async def _plan(self, payload: dict[str, Any]) -> _Plan:
+        """The request's plan, built off the event loop (template rendering and grammar building are
+        CPU work) and within limits.grammar_timeout_s."""
+        budget = self.limits.grammar_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._prepare, payload), budget)
+        except asyncio.TimeoutError:
+            raise invalid_request(f"Preparing this request (chat template, grammar) took longer than {budget:g} s "
+                                  f"(limits.grammar_timeout_s); simplify its tools, schema or grammar.",
+                                  code="request_too_complex") from None
+
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
-        plan = self._prepare(payload)
+        plan = await self._plan(payload)
         parser = plan.parser()
         reply = _Reply()
         failure: BaseException | None = None
@@ -297,7 +353,7 @@ class ChatService:
         }
 
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
-        plan = self._prepare(payload)
+        plan = await self._plan(payload)
         parser = plan.parser()
         reply = _Reply()
         include_usage = plan.req.include_usage

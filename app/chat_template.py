@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from . import content_marks
 from .errors import APIError, invalid_request
 
 
@@ -61,30 +62,30 @@ def content_text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI messages -> the dicts HF templates read (string content, tool-call args as objects)."""
+def template_messages(messages: list[dict[str, Any]], mark: bool = False) -> list[dict[str, Any]]:
+    """OpenAI messages -> the dicts HF templates read (string content, tool-call args as objects).
+    `mark`: client text wrapped in content marks (see content_marks), so it never becomes control tokens."""
+    text = content_marks.mark if mark else content_marks.clean
     out = []
     for msg in messages:
-        m: dict[str, Any] = {"role": msg["role"], "content": content_text(msg.get("content"))}
-        if msg.get("name"):
-            m["name"] = msg["name"]
-        if msg.get("tool_call_id"):
-            m["tool_call_id"] = msg["tool_call_id"]
-        if msg.get("reasoning_content"):
-            m["reasoning_content"] = msg["reasoning_content"]
+        m: dict[str, Any] = {"role": msg["role"], "content": text(content_text(msg.get("content")))}
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if msg.get(key):
+                m[key] = text(msg[key])
         if msg.get("tool_calls"):
-            calls = []
-            for call in msg["tool_calls"]:
-                fn = call["function"]
-                try:
-                    args: Any = json.loads(fn["arguments"]) if fn.get("arguments") else {}
-                except json.JSONDecodeError:
-                    args = fn["arguments"]
-                calls.append({"id": call.get("id"), "type": "function",
-                              "function": {"name": fn["name"], "arguments": args}})
-            m["tool_calls"] = calls
+            m["tool_calls"] = [_template_call(call, mark) for call in msg["tool_calls"]]
         out.append(m)
     return out
+
+
+def _template_call(call: dict[str, Any], mark: bool) -> dict[str, Any]:
+    fn = call["function"]
+    try:
+        args: Any = json.loads(fn["arguments"]) if fn.get("arguments") else {}
+    except json.JSONDecodeError:
+        args = fn["arguments"]
+    leaves = content_marks.mark_leaves if mark else (lambda v: v)
+    return {"id": call.get("id"), "type": "function", "function": {"name": leaves(fn["name"]), "arguments": leaves(args)}}
 
 
 def render_prompt(
@@ -96,11 +97,16 @@ def render_prompt(
     bos_token: str = "",
     eos_token: str = "",
     extra: dict[str, Any] | None = None,
+    mark_content: bool = False,
 ) -> str:
+    """The prompt text. `mark_content`: client text is marked for the engine, which tokenizes it
+    without special-token parsing (content_marks); off, the plain text (tests, /tokenize)."""
     template = compile_template(source)
+    if mark_content and tools:
+        tools = content_marks.mark_leaves(tools)
     try:
         return template.render(
-            messages=template_messages(messages),
+            messages=template_messages(messages, mark=mark_content),
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,

@@ -65,6 +65,16 @@ class Limits(BaseModel):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get a 413")
     max_messages: int = Field(1024, ge=1, description="most messages in one request")
     request_timeout_s: float = Field(300.0, gt=0, description="deadline for one request, queueing included")
+    # Grammar work is bounded before anything reaches llama.cpp (hostile grammars and schemas).
+    max_grammar_bytes: int = Field(64 * 1024, ge=64, description="largest `grammar` (GBNF) accepted")
+    max_grammar_depth: int = Field(64, ge=1, le=1000, description="deepest group nesting in a `grammar`")
+    max_schema_repetition: int = Field(1000, ge=1, le=100_000, description="largest repetition bound: "
+                                       "maxLength/minLength/maxItems/minItems in schemas, {m,n} in a grammar")
+    max_schema_depth: int = Field(32, ge=1, le=256, description="deepest nesting of a JSON schema")
+    max_schema_grammar_bytes: int = Field(256 * 1024, ge=1024, description="largest grammar a schema may produce")
+    max_tools: int = Field(128, ge=1, description="most `tools` in one request")
+    max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
+    grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
 
 
 class AuthConfig(BaseModel):
@@ -74,6 +84,7 @@ class AuthConfig(BaseModel):
 
     api_keys_env: str | None = Field("LLAMARAY_API_KEYS", description="env var with comma-separated keys")
     api_keys_file: str | None = Field(None, description="file with one key per line")
+    required: bool = Field(False, description="refuse to start a replica that loads no key (fail closed)")
 
 
 class AppArgs(BaseModel):
@@ -120,6 +131,7 @@ class ModelSpec:
     tool_continuation_tokens: int
     owned_by: str
     trained_context: int | None
+    n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +203,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by,
         trained_context=meta.get(f"{arch}.context_length"),
+        n_vocab=len(tokens) if isinstance(tokens, list) else 0,
     )
 
 

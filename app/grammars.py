@@ -1,41 +1,29 @@
-"""GBNF grammars from JSON schemas (llama.cpp's own converter), for forced tool calls and
-`response_format`. A schema the converter cannot handle is the client's 400, found here,
-before any model sees it."""
+"""GBNF grammars from JSON schemas, for forced tool calls and `response_format`, made by our
+own converter (`json_schema_grammar`), which bounds the work a hostile schema can cause. A
+schema the converter refuses is the client's 400, found here, before any model sees it."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from llama_cpp.llama_grammar import SchemaConverter
-
 from .errors import invalid_request
+from .json_schema_grammar import DEFAULT_LIMITS, GrammarLimits, SchemaError, gbnf_literal, schema_to_rules
+
+__all__ = ["GrammarLimits", "SchemaError", "json_grammar", "literal", "schema_rules", "tool_call_schema"]
+
+# name before arguments, so models write the function name first
+PROP_ORDER = {"name": 0, "arguments": 1, "parameters": 1}
 
 
-class SchemaError(ValueError):
-    pass
+def schema_rules(schema: dict[str, Any], rule: str, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+    """GBNF rules defining `rule` as JSON matching `schema` (no root rule). SchemaError when
+    the schema is refused or goes over `limits`."""
+    return schema_to_rules(schema, rule, limits, PROP_ORDER)
 
 
-def _converter() -> SchemaConverter:
-    # name before arguments, so models write the function name first
-    return SchemaConverter(prop_order={"name": 0, "arguments": 1, "parameters": 1}, allow_fetch=False,
-                           dotall=False, raw_pattern=False)
-
-
-def schema_rules(schema: dict[str, Any], rule: str) -> str:
-    """GBNF rules defining `rule` as JSON matching `schema` (no root rule)."""
-    conv = _converter()
+def json_grammar(schema: dict[str, Any], param: str, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
     try:
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
-        conv.visit(resolved, rule)
-        return conv.format_grammar()
-    except (AssertionError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise SchemaError(str(exc) or type(exc).__name__) from None
-
-
-def json_grammar(schema: dict[str, Any], param: str) -> str:
-    try:
-        rules = schema_rules(schema, "json-value")
+        rules = schema_rules(schema, "json-value", limits)
     except SchemaError as exc:
         raise invalid_request(f"The JSON schema cannot be turned into a grammar: {exc}", param=param,
                               code="invalid_schema") from None
@@ -43,9 +31,13 @@ def json_grammar(schema: dict[str, Any], param: str) -> str:
 
 
 def tool_call_schema(name: str, parameters: dict[str, Any] | None, args_key: str = "arguments") -> dict[str, Any]:
+    args = parameters or {"type": "object"}
+    if "$id" not in args:
+        # its own resource, so its local refs (#/$defs/...) resolve within it once wrapped
+        args = {**args, "$id": f"urn:llamaray:tool:{name}"}
     return {
         "type": "object",
-        "properties": {"name": {"const": name}, args_key: parameters or {"type": "object"}},
+        "properties": {"name": {"const": name}, args_key: args},
         "required": ["name", args_key],
         "additionalProperties": False,
     }
@@ -53,4 +45,4 @@ def tool_call_schema(name: str, parameters: dict[str, Any] | None, args_key: str
 
 def literal(text: str) -> str:
     """A GBNF string literal."""
-    return json.dumps(text)
+    return gbnf_literal(text)

@@ -1,7 +1,9 @@
 """Request models with OpenAI's field names and ranges, and helpers for error messages.
 
 Unknown top-level fields are accepted and ignored (SDKs and frameworks send extras); fields we
-know but cannot honour (e.g. `n` > 1, `logprobs`) are rejected with a 400 that says so.
+know but cannot honour (e.g. `n` > 1, `logprobs`) are rejected with a 400 that says so. Types are
+strict, as OpenAI's API has them: `"stream": "yes"` or `"max_tokens": "10"` is a 400 naming the
+field, never a silent coercion (an integer is still a valid number).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from .errors import APIError, invalid_request
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # ---- message content ---------------------------------------------------------------------------
@@ -163,6 +165,10 @@ class ChatCompletionRequest(_Model):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    logit_bias: dict[str, float] | None = None
+    # Deprecated by OpenAI in favour of tools / tool_choice; refused with a pointer rather than ignored.
+    functions: list[Any] | None = None
+    function_call: Any = None
     # llama.cpp-style extras, as llama-server accepts them
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
@@ -180,12 +186,29 @@ class ChatCompletionRequest(_Model):
                 raise ValueError("stop sequences must not be empty")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isascii() or not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys must be token ids (integers as strings); got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"bias values must be between -100 and 100; got {bias} for token {key}")
+        return v
+
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
         if self.n not in (None, 1):
             raise _Unsupported("n", "Only n=1 is supported.")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _Unsupported("top_logprobs", "`top_logprobs` requires `logprobs` to be true.")
         if self.logprobs:
             raise _Unsupported("logprobs", "logprobs are not supported by this server.")
+        for legacy, modern in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, legacy) is not None:
+                raise _Unsupported(legacy, f"`{legacy}` is deprecated and not supported; use `{modern}` "
+                                           f"(same function definitions, wrapped as {{\"type\": \"function\", "
+                                           f"\"function\": ...}}).")
         return self
 
     @property

@@ -87,16 +87,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _too_deep(value: Any, limit: int) -> bool:
+def _structure_problem(value: Any, limit: int) -> str | None:
+    """What makes a parsed body unusable, checked in one pass: nesting past `limit`, or a string
+    holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is not text and cannot be encoded."""
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "The JSON body contains a lone UTF-16 surrogate (e.g. \\ud800), which is not valid text."
+            continue
         if isinstance(node, (dict, list)):
             if depth > limit:
-                return True
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
+                return f"The JSON body is nested too deeply (at most {limit} levels)."
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, str)))
+    return None
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -111,8 +120,9 @@ async def _read_json(request: Request, limit: int) -> Any:
             f"We could not parse the JSON body of your request: {exc}. "
             "The body must be valid JSON (Content-Type: application/json)."
         ) from None
-    if _too_deep(value, MAX_JSON_DEPTH):
-        raise invalid_request(f"The JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
+    problem = _structure_problem(value, MAX_JSON_DEPTH)
+    if problem:
+        raise invalid_request(problem)
     return value
 
 
@@ -202,15 +212,25 @@ def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSet
     )
 
 
+OPEN_PATHS = frozenset({"/health"})
+"""Routes answered without a key (probes and load balancers). Everything else needs one."""
+
+
+def route_path(scope: Any) -> str:
+    """The path the app routes on: Serve keeps `route_prefix` in `path` and puts it in `root_path`."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
 class APIKeyMiddleware:
-    """Everything under /v1 needs a key; /health stays open for load balancers and probes."""
+    """Fails closed: every route but OPEN_PATHS needs a key, whatever prefix the app is mounted under."""
 
     def __init__(self, app: Any, keys: KeyChecker) -> None:
         self.app = app
         self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and route_path(scope) not in OPEN_PATHS:
             auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             if not self.keys.check(auth):
                 await error_response(unauthorized())(scope, receive, send)

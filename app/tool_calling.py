@@ -14,7 +14,7 @@ from typing import Any
 
 from .chat_template import content_text
 from .errors import invalid_request
-from .grammars import SchemaError, literal, schema_rules, tool_call_schema
+from .grammars import GrammarLimits, SchemaError, literal, schema_rules, tool_call_schema
 from .parsers import (
     REASONING_PARSERS, TOOL_PARSERS, detect_reasoning_parser, detect_tool_parser, template_starts_in_reasoning,
 )
@@ -66,7 +66,7 @@ def _wrap(parser: str, call_rule: str) -> str:
     return f'root ::= {literal("<tool_call>" + chr(10))} {call_rule} {literal(chr(10) + "</tool_call>")}'
 
 
-def validate_tools(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
+def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[str, dict[str, Any]]:
     """Check tools and tool_choice; return name -> parameters schema."""
     tools: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(req.tools or []):
@@ -79,7 +79,7 @@ def validate_tools(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
         if fn.name in tools:
             raise invalid_request(f"Duplicate function name `{fn.name}`.", param=f"tools[{i}].function.name")
         try:
-            schema_rules(params, "args")
+            schema_rules(params, "args", limits)
         except SchemaError as exc:
             raise invalid_request(f"The parameters schema of `{fn.name}` is not supported: {exc}", param=where,
                                   code="invalid_function_parameters") from None
@@ -95,8 +95,9 @@ def validate_tools(req: ChatCompletionRequest) -> dict[str, dict[str, Any]]:
     return tools
 
 
-def plan_tools(fmt: ReplyFormat, req: ChatCompletionRequest, messages: list[dict[str, Any]]) -> ToolPlan:
-    tools = validate_tools(req)
+def plan_tools(fmt: ReplyFormat, req: ChatCompletionRequest, messages: list[dict[str, Any]],
+               limits: GrammarLimits = GrammarLimits()) -> ToolPlan:
+    tools = validate_tools(req, limits)
     choice = req.tool_choice or "auto"
     if not tools or choice == "none":
         return ToolPlan(None, _fallback_messages(messages) if not fmt.native_tools else messages, None, None)
@@ -115,7 +116,11 @@ def plan_tools(fmt: ReplyFormat, req: ChatCompletionRequest, messages: list[dict
     if forced:
         args_key = "parameters" if parser == "llama3_json" else "arguments"
         schema = {"anyOf": [tool_call_schema(n, tools[n], args_key) for n in forced]}
-        grammar = schema_rules(schema, "call") + "\n" + _wrap(parser, "call") + "\n"
+        try:
+            grammar = schema_rules(schema, "call", limits) + "\n" + _wrap(parser, "call") + "\n"
+        except SchemaError as exc:  # each tool fits alone; all of them together may not
+            raise invalid_request(f"The tools' parameter schemas together are too large to force a call: {exc}",
+                                  param="tools", code="invalid_function_parameters") from None
 
     defs = [t.model_dump(exclude_none=True) for t in req.tools or []]
     if fmt.native_tools and parser == fmt.tool_parser:

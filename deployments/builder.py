@@ -25,5 +25,5 @@ def build_app(args: dict[str, Any]) -> Application:
         for spec in specs
     }
     spec_dicts = [s.to_dict() for s in specs]
-    processor = ChatProcessor.bind(spec_dicts, models, parsed.limits.request_timeout_s)
+    processor = ChatProcessor.bind(spec_dicts, models, parsed.limits.model_dump())
     return Ingress.bind(processor, spec_dicts, models, parsed.limits.model_dump(), parsed.auth.model_dump())

@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.chat_service import ChatService
-from app.config import ModelSpec
+from app.config import Limits, ModelSpec
 
 from .errors import to_api_error
 from .metrics import RayRequestObserver
+from .replica import replica_info
 
 
 @serve.deployment(name="ChatProcessor", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
 class ChatProcessor:
     def __init__(self, specs: list[dict[str, Any]], models: dict[str, DeploymentHandle],
-                 request_timeout_s: float = 300.0) -> None:
+                 limits: dict[str, Any] | None = None) -> None:
         self.models = {mid: h.options(stream=True) for mid, h in models.items()}
         self.service = ChatService([ModelSpec.from_dict(s) for s in specs], self._open_stream,
-                                   request_timeout_s=request_timeout_s, observer=RayRequestObserver())
+                                   limits=Limits(**(limits or {})), observer=RayRequestObserver())
 
     async def _open_stream(self, model_id: str, request: dict[str, Any]):
         gen = self.models[model_id].generate.remote(request)
@@ -38,8 +37,7 @@ class ChatProcessor:
         return await self.service.complete(payload)
 
     def replica_info(self) -> dict[str, Any]:
-        """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
-        return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
+        return replica_info()
 
     async def stream(self, payload: dict[str, Any]):
         async for batch in self.service.stream(payload):

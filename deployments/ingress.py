@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 from typing import Any
 
-import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.auth import KeyChecker, load_api_keys
+from app.auth import KeyChecker, load_api_keys, require_keys
 from app.config import AuthConfig, Limits, ModelSpec, deployment_name
 from app.server import ServerSettings, build_app, model_cards
 
 from .errors import to_api_error
+from .replica import replica_info
+
+logger = logging.getLogger("ray.serve")
 
 
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
@@ -30,6 +32,11 @@ class Ingress:
         lim, auth_cfg = Limits(**(limits or {})), AuthConfig(**(auth or {}))
         # Keys are read here, in the replica's own environment (env var or secret file).
         keys = load_api_keys(auth_cfg.api_keys_env, auth_cfg.api_keys_file)
+        require_keys(keys, auth_cfg.required, auth_cfg.api_keys_env, auth_cfg.api_keys_file)
+        if not keys:
+            logger.warning("no API keys loaded: this endpoint serves without authentication "
+                           "(set $%s or auth.api_keys_file; auth.required: true refuses to start without)",
+                           auth_cfg.api_keys_env)
         self.settings = ServerSettings(max_body_bytes=lim.max_body_bytes, max_messages=lim.max_messages,
                                        keys=KeyChecker(keys))
 
@@ -53,8 +60,7 @@ class Ingress:
             gen.cancel()
 
     def replica_info(self) -> dict[str, Any]:
-        """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
-        return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
+        return replica_info()
 
     def _scaled_to_zero(self) -> set[str]:
         """Model deployments that Serve reports healthy with no replica (min_replicas: 0)."""

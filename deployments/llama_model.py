@@ -7,7 +7,6 @@ import logging
 import os
 from typing import Any
 
-import ray
 from ray import serve
 
 from app.config import ModelSpec
@@ -17,6 +16,7 @@ from app.engine.stream import generate_stream
 from app.errors import service_unavailable
 
 from .metrics import EngineGauges
+from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
 
@@ -58,8 +58,7 @@ class LlamaModel:
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
 
     def replica_info(self) -> dict[str, Any]:
-        """This replica's process and the resources Ray reserved for it (placement, fault tests)."""
-        return {"pid": os.getpid(), "resources": ray.get_runtime_context().get_assigned_resources()}
+        return replica_info()
 
     def check_health(self) -> None:
         # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.

@@ -46,7 +46,9 @@ class ServeCluster:
         self.env = env or {}
         self.metrics_port = metrics_port
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # The app's base URL, under its route_prefix (Serve mounts the app there).
+        prefix = (config.get("applications") or [{}])[0].get("route_prefix") or "/"
+        self.url = f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.timeout_s = timeout_s
@@ -75,7 +77,11 @@ class ServeCluster:
         config.pop("http_options", None)
         config["proxy_location"] = "HeadOnly"
         client.deploy_apps(ServeDeploySchema.model_validate(config), _blocking=False)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)  # a failed start leaves no Ray behind for later tests
+            raise
         return self
 
     def _wait_ready(self) -> None:
@@ -87,7 +93,8 @@ class ServeCluster:
             status = serve.status().applications.get(APP)
             last = status
             if status is not None and status.status == "DEPLOY_FAILED":
-                raise RuntimeError(f"deploy failed: {status.message}")
+                details = "; ".join(f"{name}: {d.message}" for name, d in status.deployments.items() if d.message)
+                raise RuntimeError(f"deploy failed: {status.message} {details}")
             if status is not None and status.status == "RUNNING" and (self.healthy() or not self.require_healthy):
                 return
             time.sleep(0.5)

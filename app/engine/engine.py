@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import ModelSpec
-from ..errors import APIError, context_length_exceeded, internal_error
+from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
-from .llama import Batch, LlamaModelContext, SamplerChain, check_grammar, decode
+from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, check_grammar, decode
 from .params import GenerationRequest
 from .stop import StopMatcher
 
@@ -93,7 +93,7 @@ class LlamaEngine:
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> _Seq:
         """Tokenize and check limits; raises APIError (400) before anything is queued."""
-        prompt = self.mc.tokenize(req.prompt)
+        prompt = self.mc.tokenize_prompt(req.prompt)
         if not prompt:
             prompt = [self.mc.bos]
         limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
@@ -213,24 +213,34 @@ class LlamaEngine:
                 continue
             slot, source, reuse = self._pick_slot(seq.prompt)
             # Always recompute at least the last prompt token so there are logits to sample from.
-            reuse = min(reuse, len(seq.prompt) - 1)
-            if source == slot:
-                self.mc.seq_rm(slot, reuse, -1)  # keep the shared prefix, drop the rest
-            else:
-                # Another slot holds the longest prefix (a shared system prompt, a conversation
-                # that moved): reuse its KV instead of recomputing it. In one unified pool the
-                # cells are shared; across per-slot streams llama.cpp copies only whole streams
-                # (a partial copy aborts), so copy it all and trim.
-                self.mc.seq_rm(slot, 0, -1)
-                if reuse > 0 and self.spec.kv_unified:
-                    self.mc.seq_cp(source, slot, 0, reuse)
-                elif reuse > 0:
-                    self.mc.seq_cp(source, slot, -1, -1)
-                    self.mc.seq_rm(slot, reuse, -1)
+            reuse = self._place_prefix(slot, source, min(reuse, len(seq.prompt) - 1))
             self._slot_tokens[slot] = seq.prompt[:reuse]
             seq.slot, seq.n_past, seq.cached = slot, reuse, reuse
             self._slots[slot] = seq
             self._out(seq, ("start", {"prompt_tokens": len(seq.prompt), "cached_tokens": reuse}))
+
+    def _place_prefix(self, slot: int, source: int, reuse: int) -> int:
+        """Make `slot`'s KV hold the first `reuse` prompt tokens (kept, or copied from `source`);
+        the number actually kept. A KV edit llama.cpp refuses (recurrent or hybrid models cannot
+        cut a sequence at a position) means the prefix is recomputed instead: 0."""
+        if source == slot:
+            if self.mc.seq_rm(slot, reuse, -1):  # keep the shared prefix, drop the rest
+                return reuse
+        else:
+            # Another slot holds the longest prefix (a shared system prompt, a conversation that
+            # moved): reuse its KV instead of recomputing it. In one unified pool the cells are
+            # shared; across per-slot streams llama.cpp copies only whole streams (a partial copy
+            # aborts), so copy it all and trim.
+            self.mc.seq_rm(slot, 0, -1)
+            if reuse > 0 and self.spec.kv_unified:
+                self.mc.seq_cp(source, slot, 0, reuse)
+                return reuse
+            if reuse > 0:
+                self.mc.seq_cp(source, slot, -1, -1)
+                if self.mc.seq_rm(slot, reuse, -1):
+                    return reuse
+        self.mc.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds
+        return 0
 
     def _pick_slot(self, prompt: list[int]) -> tuple[int, int, int]:
         """(free slot to use, slot whose KV holds the longest prefix of `prompt`, its length).
@@ -277,11 +287,33 @@ class LlamaEngine:
         rc = decode(self.mc, batch)
         self.steps += 1
         if rc != 0:
-            log.error("llama_decode returned %d for a batch of %d tokens", rc, batch.n)
-            for seq in active:
-                self._fail(seq, internal_error(f"llama_decode failed ({rc})."))
+            log.warning("llama_decode returned %d for a batch of %d tokens; retrying each sequence alone", rc, batch.n)
+            self._step_one_by_one(active, counts)
             return
         self._advance(active, counts)
+
+    def _step_one_by_one(self, active: list[_Seq], counts: dict[int, int]) -> None:
+        """After a failed batch: each sequence's part decoded (and sampled) alone, so the one that
+        llama.cpp cannot decode fails and the others go on. A failed decode may leave some of the
+        batch in the KV, so every sequence is first cut back to what it held before the step."""
+        for seq in active:
+            if seq.slot in counts:
+                self.mc.seq_rm(seq.slot, seq.n_past, -1)
+        for seq in active:
+            n = counts.get(seq.slot, 0)
+            if not n or self._slots[seq.slot] is not seq:
+                continue
+            self._batch.clear()
+            tokens = [seq.last_token] if seq.n_past >= len(seq.prompt) else seq.prompt[seq.n_past:seq.n_past + n]
+            for k, token in enumerate(tokens):
+                idx = self._batch.add(token, seq.n_past + k, seq.slot, k == len(tokens) - 1)
+            seq.logits_at = idx if seq.logits_at >= 0 else -1
+            rc = decode(self.mc, self._batch)
+            if rc != 0:
+                log.error("llama_decode returned %d for request %s alone", rc, seq.req.request_id)
+                self._fail(seq, internal_error(f"llama_decode failed ({rc}) for this request."))
+                continue
+            self._advance([seq], {seq.slot: n})
 
     def _advance(self, active: list[_Seq], counts: dict[int, int]) -> None:
         for seq in active:
@@ -296,6 +328,9 @@ class LlamaEngine:
             if seq.logits_at >= 0:
                 try:
                     self._sample(seq)
+                except NoValidToken as exc:
+                    self._fail(seq, invalid_request(f"The request's grammar cannot be satisfied: {exc}.",
+                                                    param="grammar", code="grammar_unsatisfiable"))
                 except Exception:  # noqa: BLE001 - fail this request, keep serving the others
                     log.exception("sampling failed for %s", seq.req.request_id)
                     self._fail(seq, internal_error("Sampling failed for this request."))

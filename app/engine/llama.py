@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import re
 import threading
+from typing import Any
 
 import llama_cpp as L
+import numpy as np
 
+from .. import content_marks
 from ..errors import invalid_request
 from .params import SamplingParams
 
@@ -85,21 +89,35 @@ class LlamaModelContext:
         self._piece_buf = ctypes.create_string_buffer(256)
 
     # -- tokens ----------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool | None = None) -> list[int]:
+    def tokenize(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
+        """parse_special: control-token text (<|im_start|>) becomes control tokens, as a template needs."""
         add = self.add_bos if add_special is None else add_special
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (L.llama_token * n_max)()
-        # parse_special: the rendered chat template contains control tokens (<|im_start|>).
-        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add, True)
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add, parse_special)
         if n < 0:
             buf = (L.llama_token * -n)()
-            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add, True)
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add, parse_special)
         tokens = list(buf[:n])
         # A template that already renders BOS plus add_bos would double it.
         if self.add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos:
             tokens = tokens[1:]
         return tokens
+
+    def tokenize_prompt(self, prompt: str) -> list[int]:
+        """A rendered prompt: template text with special-token parsing, marked client text without."""
+        if content_marks.OPEN not in prompt and content_marks.CLOSE not in prompt:
+            return self.tokenize(prompt)
+        tokens: list[int] = []
+        for text, is_content in content_marks.split(prompt):
+            tokens += self.tokenize(text, add_special=not tokens and self.add_bos, parse_special=not is_content)
+        if not tokens and self.add_bos:
+            tokens = [self.bos]
+        return tokens
+
+    def is_control(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_control(self.vocab, token))
 
     def piece(self, token: int) -> bytes:
         # special=True: control tokens a model emits on purpose ([TOOL_CALLS]) must reach parsers.
@@ -193,14 +211,38 @@ def check_grammar(mc: LlamaModelContext, grammar: str) -> None:
     L.llama_sampler_free(smpl)
 
 
+class NoValidToken(RuntimeError):
+    """Every token was ruled out (by the grammar): this request cannot go on."""
+
+
+class _Candidates:
+    """A reusable llama_token_data_array over the whole vocabulary, filled from a row of logits."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self.data = (L.llama_token_data * n_vocab)()
+        self.view = np.ctypeslib.as_array(self.data)  # structured: id, logit, p
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+
+    def load(self, logits: Any) -> Any:
+        self.view["id"] = self.ids  # samplers sort and cut the array in place
+        self.view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        self.view["p"] = 0.0
+        return L.llama_token_data_array(data=self.data, size=self.n_vocab, selected=-1, sorted=False)
+
+
 class SamplerChain:
     """A request's private sampler chain (its own RNG seeded from the request's seed)."""
 
     def __init__(self, mc: LlamaModelContext, p: SamplingParams) -> None:
         self.mc = mc
         self.params = p
+        self._candidates: _Candidates | None = None
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
+        if p.logit_bias:
+            biases = (L.llama_logit_bias * len(p.logit_bias))(*[L.llama_logit_bias(t, b) for t, b in p.logit_bias])
+            add(L.llama_sampler_init_logit_bias(L.llama_vocab_n_tokens(mc.vocab), len(p.logit_bias), biases))
         if p.grammar:
             g = L.llama_sampler_init_grammar(mc.vocab, p.grammar.encode(), b"root")
             if not g:
@@ -249,8 +291,26 @@ class SamplerChain:
             L.llama_sampler_free(checker)
 
     def sample(self, batch_index: int) -> int:
+        if self.params.grammar:
+            return self._sample_checked(batch_index)
         # llama_sampler_sample also accepts the token into every sampler (grammar, penalties).
         return int(L.llama_sampler_sample(self.chain, self.mc.ctx, batch_index))
+
+    def _sample_checked(self, batch_index: int) -> int:
+        """llama_sampler_sample's steps, with a check between them. When a grammar leaves no token
+        (a grammar no token can satisfy), llama_sampler_sample would accept a rejected token, and
+        llama.cpp throws through its C API: std::terminate, the whole replica gone. Here the request
+        fails instead. Costs one copy of the logits per token, for grammar requests only."""
+        if self._candidates is None:
+            self._candidates = _Candidates(L.llama_vocab_n_tokens(self.mc.vocab))
+        cur = self._candidates.load(L.llama_get_logits_ith(self.mc.ctx, batch_index))
+        L.llama_sampler_apply(self.chain, ctypes.byref(cur))
+        chosen = cur.selected
+        if not 0 <= chosen < cur.size or not math.isfinite(cur.data[chosen].logit):
+            raise NoValidToken("the grammar allows no token at this point of the reply")
+        token = int(cur.data[chosen].id)
+        L.llama_sampler_accept(self.chain, token)
+        return token
 
     def free(self) -> None:
         if self.chain:

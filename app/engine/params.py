@@ -20,6 +20,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
     seed: int | None = None
+    # (token id, bias) pairs added to the logits before any other sampler (OpenAI's logit_bias).
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: str | None = None
     # Text already generated under `grammar` (a continued reply): the grammar starts after it.
     grammar_prefix: str = ""

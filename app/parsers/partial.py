@@ -111,15 +111,21 @@ class EdgeTrim:
     not depend on how the text was split into pieces.
     """
 
-    __slots__ = ("pending", "strip_leading", "separate")
+    __slots__ = ("_held", "strip_leading", "separate")
 
     def __init__(self, strip_leading: bool = False) -> None:
-        self.pending = ""
+        # Held trailing whitespace, as pieces: a long whitespace run costs O(1) per piece (joined
+        # once, when text follows), not a copy of the whole run each time.
+        self._held: list[str] = []
         self.strip_leading = strip_leading
         # Set where something was taken out of the middle of the text (a stray tag, a block of
         # another kind): the text on both sides must not join up, or "<th" + "ink>" would become
         # a tag. One space keeps them apart unless whitespace is already there.
         self.separate = False
+
+    @property
+    def pending(self) -> str:
+        return "".join(self._held)
 
     def push(self, text: str) -> str:
         if self.strip_leading:
@@ -128,18 +134,25 @@ class EdgeTrim:
                 return ""
             self.strip_leading = False
         if self.separate and text:
-            if not self.pending and not text[0].isspace():
+            if not self._held and not text[0].isspace():
                 text = " " + text
             self.separate = False
-        text = self.pending + text
         body = text.rstrip()
-        self.pending = text[len(body):]
-        return body
+        if not body:
+            if text:
+                self._held.append(text)
+            return ""
+        out = "".join(self._held) + body if self._held else body
+        self._held = [text[len(body):]] if len(body) < len(text) else []
+        return out
 
     def cut(self) -> None:
-        self.pending = ""
+        self._held = []
         self.strip_leading = True
 
+    def drop_held(self) -> None:
+        self._held = []
+
     def flush(self) -> str:
-        held, self.pending = self.pending, ""
+        held, self._held = "".join(self._held), []
         return held

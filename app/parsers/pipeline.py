@@ -60,7 +60,6 @@ class ReplyParser:
 
     # -- internals -------------------------------------------------------
     def _convert(self, deltas: list[Delta], final: bool) -> list[dict]:
-        tool_deltas: list[ToolDelta] = []
         out: list[dict] = []
         for d in deltas:
             if d.kind == "reasoning":

@@ -158,7 +158,7 @@ class ThinkReasoningParser(ReasoningParser):
             return
         # leaving the current mode: its held trailing whitespace is dropped;
         # the next mode's leading whitespace is dropped.
-        self._trim[self._kind()].pending = ""
+        self._trim[self._kind()].drop_held()
         self._in_reasoning = opening
         self._trim[self._kind()].strip_leading = True
         self._keep_apart(self._kind())

@@ -24,11 +24,14 @@ MODEL_DEPLOYMENT = deployment_name(MODEL)
 
 @pytest.fixture(scope="module")
 def rcluster():
+    # Mounted under a route prefix, with keys required: auth must hold wherever the app is mounted.
     config = load_config("configs/local-cpu.yaml", {"applications": [{
         "name": "llamaray",
+        "route_prefix": "/llm",
         "args": {
             "models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 2, "max_tokens_limit": 900}],
             "limits": {"max_body_bytes": 65536, "max_messages": 50, "request_timeout_s": 4},
+            "auth": {"required": True},
         },
         "deployments": [{"name": MODEL_DEPLOYMENT, "max_ongoing_requests": 2, "max_queued_requests": 2,
                          "autoscaling_config": {"target_ongoing_requests": 1}}],
@@ -68,6 +71,8 @@ def wait_idle(rcluster, timeout=15):
 
 def test_api_keys(rcluster):
     url = rcluster.url
+    assert url.endswith("/llm")  # under a non-root route_prefix (Serve keeps it in the ASGI path)
+    assert httpx.get(f"{url}/openapi.json").status_code == 401  # fails closed: not only /v1
     r = httpx.post(f"{url}/v1/chat/completions", json=chat())
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert_valid("ErrorResponse", r.json())

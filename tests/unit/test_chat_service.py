@@ -100,7 +100,8 @@ def test_complete_valid_response_with_exact_usage(service, engine, bundled_spec,
     assert model_id == bundled_spec.id
     assert gen["max_tokens"] == 9
     assert gen["sampling"]["temperature"] == 0 and gen["sampling"]["seed"] == 5
-    assert gen["prompt"] == render_prompt(bundled_spec.chat_template, [{"role": "user", "content": QUESTION}])
+    assert gen["prompt"] == render_prompt(bundled_spec.chat_template, [{"role": "user", "content": QUESTION}],
+                                          mark_content=True)
 
 
 def test_complete_stop_is_cut(service, engine, bundled_spec):
@@ -277,3 +278,27 @@ def test_grammar_reaches_the_engine(service, engine, bundled_spec, opened):
     assert "reasoning_content" not in message
     assert re.fullmatch(r"<think>[a-z ]{1,40}</think>[a-z ]{1,40}", message["content"]), message
     assert body["choices"][0]["finish_reason"] == "stop"
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                          "required": ["city"]}}}
+
+
+def test_a_call_cut_at_the_end_of_the_context_ends_with_length(service, engine, bundled_spec):
+    # No room left to continue the cut call: the reply ends with `length`, never a 400 mid-request.
+    def ask(words: int, max_tokens: int) -> dict[str, Any]:
+        body = payload(bundled_spec, messages=[{"role": "user", "content": "weather " * words + "in Paris?"}],
+                       tools=[WEATHER_TOOL], tool_choice="required", max_tokens=max_tokens)
+        return run(engine, service.complete(body))
+
+    per_word = (ask(200, 1)["usage"]["prompt_tokens"] - ask(100, 1)["usage"]["prompt_tokens"]) / 100
+    base = ask(100, 1)["usage"]["prompt_tokens"]
+    words = 100 + int((bundled_spec.n_ctx - 12 - base) / per_word)
+    prompt_tokens = ask(words, 1)["usage"]["prompt_tokens"]
+    room = bundled_spec.n_ctx - prompt_tokens
+    assert 4 <= room <= 30, room  # a forced call needs more than this
+    body = ask(words, room)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == room
+    assert not body["choices"][0]["message"].get("tool_calls")

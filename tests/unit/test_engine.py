@@ -423,3 +423,32 @@ def test_generation_request_round_trip():
     again = GenerationRequest.from_dict(req.to_dict())
     assert again == req
     assert isinstance(again.sampling, SamplingParams)
+
+
+# ---- logit_bias --------------------------------------------------------------------------------
+
+def test_logit_bias_forces_and_bans_tokens(engine, short):
+    banana = engine.mc.tokenize(" banana", add_special=False)[0]
+    forced = run(engine, generate(engine, request(short, max_tokens=3, temperature=0.0,
+                                                  logit_bias=[(banana, 100.0)])))
+    assert forced.text == " banana" * 3
+    plain = run(engine, generate(engine, request(short, max_tokens=4, temperature=0.0)))
+    first = engine.mc.tokenize(plain.text, add_special=False)[0]
+    banned = run(engine, generate(engine, request(short, max_tokens=4, temperature=0.0,
+                                                  logit_bias=[(first, -100.0)])))
+    assert engine.mc.tokenize(banned.text, add_special=False)[0] != first
+
+
+# ---- grammars no token can satisfy -------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_grammar_no_token_satisfies_fails_the_request_not_the_engine(engine, short, temperature):
+    # llama.cpp parses this grammar, but its only character class excludes every character: without
+    # the check, llama.cpp throws through its C API (std::terminate) and the replica dies.
+    with pytest.raises(APIError) as err:
+        run(engine, generate(engine, request(short, max_tokens=4, temperature=temperature,
+                                             grammar="root ::= [^\\x00-\\U0010FFFF]")))
+    assert err.value.status == 400 and err.value.code == "grammar_unsatisfiable"
+    ok = run(engine, generate(engine, request(short, max_tokens=8, temperature=temperature,
+                                              grammar='root ::= "yes" | "no"')))
+    assert ok.text in ("yes", "no") and ok.end["finish_reason"] == "stop"

@@ -1,0 +1,14 @@
+"""What a replica says about itself: process, Serve replica id, reserved resources (placement and fault tests)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from ray import serve
+
+
+def replica_info() -> dict[str, Any]:
+    return {"pid": os.getpid(), "replica_id": serve.get_replica_context().replica_id.unique_id,
+            "resources": ray.get_runtime_context().get_assigned_resources()}
