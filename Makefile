@@ -50,11 +50,11 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 # Drive the local server with a ramped workload and watch Serve scale (run `make run` in another
-# terminal first). Options: python -m app.loadtest --help, e.g.
+# terminal first). Options: python -m loadtools.loadtest --help, e.g.
 # make loadtest LOADTEST_ARGS='--ramp "1:30s,1-32:2m,32:1m,32-1:1m"'. Writes loadtest-results/<time>/.
 loadtest: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install 'matplotlib>=3.7'
-	$(PY) -m app.loadtest --url http://127.0.0.1:$(PORT)/v1 --model smollm2-135m $(LOADTEST_ARGS)
+	$(PY) -m loadtools.loadtest --url http://127.0.0.1:$(PORT)/v1 --model smollm2-135m $(LOADTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

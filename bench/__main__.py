@@ -2,7 +2,7 @@
 
 Same bundled model, same thread count, same llama.cpp version (llama-server is built from the
 llama.cpp vendored in the installed llama-cpp-python's sdist). Each server in turn is started,
-driven by app.loadgen's closed loop at each concurrency (one warm-up request first), and stopped.
+driven by loadtools.loadgen's closed loop at each concurrency (one warm-up request first), and stopped.
 Prints one table and writes <out>/bench.json, <out>/bench-requests.json and <out>/bench.png;
 server logs go to <out>/logs/.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
+from loadtools.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
 
 from . import report
 from .servers import (

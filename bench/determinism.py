@@ -16,7 +16,7 @@ import threading
 from app.chat_template import render_prompt
 from app.config import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
-from app.loadgen import DEFAULT_PROMPTS
+from loadtools.loadgen import DEFAULT_PROMPTS
 
 
 def _run(engine: LlamaEngine, jobs: list[tuple[str, str, int]], max_tokens: int) -> dict[str, str]:

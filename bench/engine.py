@@ -15,7 +15,7 @@ from app.chat_template import render_prompt
 from app.config import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.llama import model_buffers
-from app.loadgen import DEFAULT_PROMPTS
+from loadtools.loadgen import DEFAULT_PROMPTS
 
 
 def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int) -> float:

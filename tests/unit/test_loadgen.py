@@ -1,4 +1,4 @@
-"""app/loadgen.py against a tiny fake SSE server (raw asyncio HTTP) that streams known chunks with
+"""loadtools/loadgen.py against a tiny fake SSE server (raw asyncio HTTP) that streams known chunks with
 known delays. This checks the measuring tool, not the product."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from app.loadgen import (
+from loadtools.loadgen import (
     RequestResult,
     chat_url,
     percentile,

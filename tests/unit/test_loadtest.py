@@ -1,4 +1,4 @@
-"""app/loadtest: ramp parsing, the closed/open drivers against a tiny fake SSE server, replica
+"""loadtools/loadtest: ramp parsing, the closed/open drivers against a tiny fake SSE server, replica
 polling from a recorded Ray dashboard response, the report (JSON + PNG), the CLI and Ctrl-C."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.loadgen import RequestResult
-from app.loadtest.__main__ import execute, main, parse_args, summary_text
-from app.loadtest.progress import Progress, status_line
-from app.loadtest.report import RunLog, build_report, plot
-from app.loadtest.serve_status import ServePoller, parse_replicas
-from app.loadtest.workload import (
+from loadtools.loadgen import RequestResult
+from loadtools.loadtest.__main__ import execute, main, parse_args, summary_text
+from loadtools.loadtest.progress import Progress, status_line
+from loadtools.loadtest.report import RunLog, build_report, plot
+from loadtools.loadtest.serve_status import ServePoller, parse_replicas
+from loadtools.loadtest.workload import (
     RampError,
     Schedule,
     Segment,
