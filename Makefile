@@ -12,7 +12,7 @@ LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
-.PHONY: run test test-slow install config clean bench loadtest
+.PHONY: run test test-fast test-slow install config clean bench loadtest
 
 # The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
 # llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
@@ -36,6 +36,10 @@ run: config
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q
+
+# The pure-Python part alone (no llama.cpp model, no Ray): seconds.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not model and not ray and not slow" -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q

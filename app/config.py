@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,15 +130,8 @@ class ModelSpec:
     tool_continuation_rounds: int
     tool_continuation_tokens: int
     owned_by: str
-    trained_context: int | None
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
-        return cls(**d)
 
 
 def parse_args(raw: dict[str, Any] | None) -> AppArgs:
@@ -177,7 +170,6 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
             f"model {cfg.id!r}: the GGUF has no tokenizer.chat_template; set `chat_template` in its config"
         )
     tokens = meta.get("tokenizer.ggml.tokens")
-    arch = meta.get("general.architecture", "")
     threads = cfg.n_threads or os.cpu_count() or 1
     return ModelSpec(
         id=cfg.id,
@@ -202,7 +194,6 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         tool_continuation_rounds=cfg.tool_continuation_rounds,
         tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by,
-        trained_context=meta.get(f"{arch}.context_length"),
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
     )
 

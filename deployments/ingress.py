@@ -11,9 +11,11 @@ from ray.serve.handle import DeploymentHandle
 
 from app.auth import KeyChecker, load_api_keys, require_keys
 from app.config import AuthConfig, Limits, ModelSpec, deployment_name
-from app.server import ServerSettings, build_app, model_cards
+from app.schemas import ChatCompletionRequest
+from app.server import ServerSettings, build_http_app, model_cards
 
 from .errors import to_api_error
+from .relay import relay
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
@@ -22,42 +24,33 @@ logger = logging.getLogger("ray.serve")
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
 @serve.ingress()
 class Ingress:
-    def __init__(self, processor: DeploymentHandle, specs: list[dict[str, Any]],
-                 models: dict[str, DeploymentHandle], limits: dict[str, Any] | None = None,
-                 auth: dict[str, Any] | None = None) -> None:
+    def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], models: dict[str, DeploymentHandle],
+                 limits: Limits, auth: AuthConfig) -> None:
         self.processor = processor
         self.stream_processor = processor.options(stream=True)
-        self.specs = [ModelSpec.from_dict(s) for s in specs]
+        self.specs = specs
         self.models = models
-        lim, auth_cfg = Limits(**(limits or {})), AuthConfig(**(auth or {}))
         # Keys are read here, in the replica's own environment (env var or secret file).
-        keys = load_api_keys(auth_cfg.api_keys_env, auth_cfg.api_keys_file)
-        require_keys(keys, auth_cfg.required, auth_cfg.api_keys_env, auth_cfg.api_keys_file)
+        keys = load_api_keys(auth.api_keys_env, auth.api_keys_file)
+        require_keys(keys, auth.required, auth.api_keys_env, auth.api_keys_file)
         if not keys:
             logger.warning("no API keys loaded: this endpoint serves without authentication "
                            "(set $%s or auth.api_keys_file; auth.required: true refuses to start without)",
-                           auth_cfg.api_keys_env)
-        self.settings = ServerSettings(max_body_bytes=lim.max_body_bytes, max_messages=lim.max_messages,
+                           auth.api_keys_env)
+        self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
                                        keys=KeyChecker(keys))
 
     def __serve_build_asgi_app__(self):
-        return build_app(self, model_cards(self.specs), self.settings)
+        return build_http_app(self, model_cards(self.specs), self.settings)
 
-    async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
         try:
-            return await self.processor.complete.remote(payload)
+            return await self.processor.complete.remote(request)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
 
-    async def stream(self, payload: dict[str, Any]):
-        gen = self.stream_processor.stream.remote(payload)
-        try:
-            async for batch in gen:
-                yield batch
-        except Exception as exc:  # noqa: BLE001
-            raise to_api_error(exc) from None
-        finally:
-            gen.cancel()
+    def stream(self, request: ChatCompletionRequest):
+        return relay(self.stream_processor.stream.remote(request))
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()

@@ -12,6 +12,7 @@ from ray import serve
 from app.config import ModelSpec
 from app.engine import GenerationRequest
 from app.engine.selfcheck import EngineUnavailable, start_engine
+from app.engine.events import Started
 from app.engine.stream import generate_stream
 from app.errors import service_unavailable
 
@@ -23,8 +24,8 @@ logger = logging.getLogger("ray.serve")
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = ModelSpec.from_dict(spec)
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
         # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
         # instead of a crash that Serve would restart forever.
         self.engine, self.unavailable = None, None
@@ -41,14 +42,13 @@ class LlamaModel:
             self.gauges.update(self.engine.stats())
             await asyncio.sleep(1.0)
 
-    async def generate(self, request: dict[str, Any]):
+    async def generate(self, request: GenerationRequest):
         if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         if self.engine is None:
             raise service_unavailable(self.unavailable, code="engine_unavailable")
-        req = GenerationRequest.from_dict(request)
-        async for batch in generate_stream(self.engine, req, self.spec.stream_interval_ms / 1000):
-            if batch and batch[0]["type"] == "start" and batch[0]["cached_tokens"] > 0:
+        async for batch in generate_stream(self.engine, request, self.spec.stream_interval_ms / 1000):
+            if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
                 self.gauges.cache_hit()
             yield batch
 

@@ -1,8 +1,24 @@
-"""Shared fixtures: the bundled model, a real engine (no Ray), a real local Ray Serve graph."""
+"""Shared fixtures (the bundled model, a real engine without Ray) and the markers that say what a
+test needs: `model` (the real llama.cpp model), `ray` (a local Ray Serve; everything in tests/graph/).
+`pytest -m "not model and not ray"` runs the fast, pure-Python part alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+GRAPH = Path(__file__).resolve().parent / "graph"
+MODEL_FIXTURES = {"bundled_spec", "engine", "judge"}  # judge: llama.cpp checking grammars
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if GRAPH in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.model)
+        elif MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 from app.config import ModelConfig, resolve_model
 
@@ -19,7 +35,8 @@ def bundled_spec():
 @pytest.fixture(scope="session")
 def engine(bundled_spec):
     from app.engine import LlamaEngine
+    from app.engine.stream import publish_to_loops
 
-    eng = LlamaEngine(bundled_spec)
+    eng = LlamaEngine(bundled_spec, publish=publish_to_loops).start()
     yield eng
     eng.close()

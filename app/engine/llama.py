@@ -138,12 +138,6 @@ class LlamaModelContext:
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
-    def seq_pos_max(self, seq: int) -> int:
-        return int(L.llama_memory_seq_pos_max(self.memory, seq))
-
-    def clear(self) -> None:
-        L.llama_memory_clear(self.memory, True)
-
     def close(self) -> None:
         if self.ctx:
             L.llama_free(self.ctx)

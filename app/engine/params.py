@@ -1,10 +1,9 @@
-"""What one generation asks for, as plain data that crosses Ray hops cheaply."""
+"""What one generation asks for: plain dataclasses that cross the Ray hop to the model as they are."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -41,11 +40,4 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GenerationRequest":
-        d = dict(d)
-        d["sampling"] = SamplingParams(**d.get("sampling", {}))
-        return cls(**d)

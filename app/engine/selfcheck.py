@@ -76,12 +76,13 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
 def start_engine(spec: ModelSpec) -> Any:
     """The replica's LlamaEngine, after the self-check passed (when enabled); EngineUnavailable if not."""
     from .engine import LlamaEngine
+    from .stream import publish_to_loops
 
     if spec.startup_self_check:
         report = run_self_check(spec)
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
                  "on" if report.get("extra_buffers") else "off", hardware.describe(report.get("system_info")))
-    return LlamaEngine(spec)
+    return LlamaEngine(spec, publish=publish_to_loops).start()
 
 
 def _child() -> None:

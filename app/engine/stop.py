@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..parsers.partial import partial_prefix_len
+
 
 class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
@@ -20,20 +22,10 @@ class StopMatcher:
             cut = min(hits, key=lambda h: (h[0] + len(h[1]), h[0]))[0]
             self._held = ""
             return buf[:cut], True
-        keep = self._partial_suffix(buf)
+        keep = partial_prefix_len(buf, self.stops)  # a stop may be completed by the next piece
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
         out, self._held = self._held, ""
         return out
-
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:n]):
-                    best = n
-                    break
-        return best

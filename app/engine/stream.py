@@ -1,13 +1,14 @@
-"""Bridge the engine thread to asyncio, coalescing pieces so Ray hops stay cheap.
+"""The bridge from the engine thread to asyncio, coalescing pieces so Ray hops stay cheap.
 
-The first text piece goes out at once (time to first token); after that, pieces that arrive
-within the coalescing window travel together. The window grows with the number of sequences
-the engine is decoding (`PER_STREAM_S` each): every item costs about a millisecond of CPU per
-Ray hop, and that CPU is taken from llama.cpp's threads, so the replica's total item rate stays
-roughly constant however many streams it serves. Each item yielded is a list of events:
-{"type": "start", prompt_tokens, cached_tokens} | {"type": "text", text, tokens} |
-{"type": "end", finish_reason, prompt_tokens, completion_tokens, cached_tokens}.
-An engine error is raised as APIError. Closing the generator early cancels the request.
+`publish_to_loops` is the engine's publisher: a step's events for one event loop go over in a single
+`call_soon_threadsafe` (one wake-up per step, not per token); other sinks are called directly.
+
+`generate_stream` yields lists of events (events.py). The first text piece goes out at once (time to
+first token); after that, pieces that arrive within the coalescing window travel together. The
+window grows with the number of sequences the engine is decoding (`PER_STREAM_S` each): every item
+costs about a millisecond of CPU per Ray hop, and that CPU is taken from llama.cpp's threads, so the
+replica's total item rate stays roughly constant however many streams it serves. A `Failed` event
+is raised as its APIError. Closing the generator early cancels the request.
 """
 
 from __future__ import annotations
@@ -17,25 +18,57 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import APIError
-from .engine import LlamaEngine, QueueSink
+from .engine import LlamaEngine
+from .events import Event, Failed, Finished, Text, coalesce
 from .params import GenerationRequest
-
+from .slots import Sink
 
 PER_STREAM_S = 0.015
 MAX_WINDOW_S = 0.5
+
+
+class QueueSink:
+    """A generation's events into an asyncio queue on `loop`."""
+
+    __slots__ = ("loop", "queue")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        self.loop = loop
+        self.queue = queue
+
+    def __call__(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def publish_to_loops(items: list[tuple[Sink, Event]]) -> None:
+    """The engine's publisher for asyncio consumers (called on the engine thread)."""
+    by_loop: dict[Any, list[tuple[asyncio.Queue, Event]]] = {}
+    for sink, event in items:
+        if isinstance(sink, QueueSink):
+            by_loop.setdefault(sink.loop, []).append((sink.queue, event))
+        else:
+            sink(event)
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # that event loop is closed: nobody is listening
+            pass
 
 
 def coalescing_window(base_s: float, active: int) -> float:
     return min(MAX_WINDOW_S, max(base_s, active * PER_STREAM_S))
 
 
-async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[dict[str, Any]]]:
-    queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-    seq = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # raises APIError for bad input, before queueing
-    engine.submit(seq)
-    finished = False
-    sent_text = False
+async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+    gen = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # APIError for bad input
+    engine.submit(gen)
+    finished = sent_text = False
     last_yield = 0.0
     try:
         while not finished:
@@ -46,29 +79,17 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
                     await asyncio.sleep(delay)
             while not queue.empty():
                 events.append(queue.get_nowait())
-            out: list[dict[str, Any]] = []
-            for ev in events:
-                kind = ev[0]
-                if kind == "text":
-                    if out and out[-1]["type"] == "text":
-                        out[-1]["text"] += ev[1]
-                        out[-1]["tokens"] += ev[2]
-                    else:
-                        out.append({"type": "text", "text": ev[1], "tokens": ev[2]})
-                    sent_text = True
-                elif kind == "start":
-                    out.append({"type": "start", **ev[1]})
-                elif kind == "end":
-                    out.append({"type": "end", **ev[1]})
-                    finished = True
-                elif kind == "error":
-                    finished = True
-                    if out:
-                        yield out
-                    err = ev[1]
-                    raise err if isinstance(err, APIError) else APIError(str(err))
+            failed = next((ev for ev in events if isinstance(ev, Failed)), None)
+            if failed is not None:
+                finished = True
+                before = coalesce(events[:events.index(failed)])
+                if before:
+                    yield before
+                raise failed.error
+            finished = any(isinstance(ev, Finished) for ev in events)
+            sent_text = sent_text or any(isinstance(ev, Text) for ev in events)
             last_yield = time.monotonic()
-            yield out
+            yield coalesce(events)
     finally:
         if not finished:
             # Client gone or the caller stopped reading: free the slot on the next step.

@@ -87,22 +87,13 @@ class ReplyParser:
 
 
 def _merge(dicts: list[dict]) -> list[dict]:
-    """Merge adjacent single-key deltas of the same kind. Text is concatenated;
-    tool-call entries are appended, and an entry for the same index as the
-    previous entry is folded into it (its arguments appended)."""
+    """Adjacent text deltas of the same kind joined; tool-call deltas stay as the parser made them
+    (a header, then argument fragments: OpenAI's streaming shape)."""
     out: list[dict] = []
     for d in dicts:
         (key, value), = d.items()
-        if not out or key not in out[-1]:
-            out.append({key: list(value) if key == "tool_calls" else value})
-            continue
-        if key != "tool_calls":
+        if key != "tool_calls" and out and key in out[-1]:
             out[-1][key] += value
-            continue
-        entries = out[-1][key]
-        for e in value:
-            if entries and entries[-1]["index"] == e["index"]:
-                entries[-1]["function"]["arguments"] += e["function"]["arguments"]
-            else:
-                entries.append(e)
+        else:
+            out.append({key: value})
     return out

@@ -6,8 +6,8 @@ ends and what calls it holds (``_take``). The base class does the rest:
 * Prose streams as content; a possible marker prefix at the buffer end is
   held back, so no marker fragment is ever emitted.
 * A call region is buffered until it is complete (its JSON closed), then
-  emitted at once: one ``CallDelta`` per call carrying ``index``, ``id``,
-  ``name`` and the whole ``arguments`` string.
+  emitted in OpenAI's streaming shape: a header ``CallDelta`` (``index``,
+  ``id``, ``name``) and one carrying the whole ``arguments`` string.
 * Arguments are canonical: ``json.dumps(obj, ensure_ascii=False)`` of the
   parsed arguments object, in streaming and in ``parse`` alike.
 * A region that is not a valid call (bad JSON, not call-shaped, cut by the
@@ -188,7 +188,9 @@ class ToolParser:
                 # prose on both sides of the call must not join up into a marker ("<tool_" + "call>")
                 self._trim.separate = self._said
                 for name, args in calls:
-                    out.append(CallDelta(self._count, args, new_call_id(), name))
+                    # OpenAI's streaming shape: a header (index, id, name), then the arguments.
+                    out.append(CallDelta(self._count, "", new_call_id(), name))
+                    out.append(CallDelta(self._count, args))
                     self._count += 1
             else:
                 out += self._content(self._trim.push(region))

@@ -1,0 +1,124 @@
+"""Planning: a validated chat request and its model -> what to generate (prompt, sampling, grammar,
+limits) and how to read the reply. Pure: no I/O, no event loop; ChatService runs it off the loop."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from ..chat_template import render_prompt
+from ..config import Limits, ModelSpec
+from ..engine.params import GenerationRequest, SamplingParams
+from ..errors import invalid_request
+from ..gbnf_check import GBNFLimits, check_gbnf
+from ..grammars import GrammarLimits, json_grammar
+from ..parsers import ReplyParser
+from ..schemas import ChatCompletionRequest
+from ..tool_calling import ReplyFormat, plan_tools
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repeat_penalty", "seed")
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    req: ChatCompletionRequest
+    spec: ModelSpec
+    gen: GenerationRequest
+    fmt: ReplyFormat
+    tool_parser: str | None  # None: the reply is not read for tool calls
+
+    def reply_parser(self) -> ReplyParser:
+        """A fresh parser for this request's reply (the model's format, the request's switches)."""
+        return ReplyParser(
+            reasoning=self.fmt.reasoning, tools=self.tool_parser,
+            include_reasoning=self.req.include_reasoning is not False,
+            parallel_tool_calls=self.req.parallel_tool_calls is not False,
+            starts_in_reasoning=self.fmt.starts_in_reasoning,
+            tool_names=frozenset(t.function.name for t in self.req.tools or []) or None)
+
+
+def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> GenerationPlan:
+    check_model_limits(req, spec)
+    check_grammar_inputs(req, limits)
+    schema_limits = grammar_limits(limits)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = plan_tools(fmt, req, messages, schema_limits)
+    # A forced call's grammar wins over a free-form format.
+    grammar = tools.grammar or format_grammar(req, schema_limits)
+    prompt = render_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
+                           bos_token=spec.bos_token, eos_token=spec.eos_token, mark_content=True)
+    sampling = sampling_from(req, spec.n_vocab)
+    sampling.grammar = grammar
+    gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
+                            stop=req.stop_list, sampling=sampling)
+    return GenerationPlan(req, spec, gen, fmt, tools.parser)
+
+
+def sampling_from(req: ChatCompletionRequest, n_vocab: int = 0) -> SamplingParams:
+    p = SamplingParams()
+    for name in SAMPLING_FIELDS:
+        value = getattr(req, name)
+        if value is not None:
+            setattr(p, name, value)
+    for key, bias in (req.logit_bias or {}).items():
+        if n_vocab and int(key) >= n_vocab:
+            raise invalid_request(f"`logit_bias` names token {key}, which is not a token id of model "
+                                  f"`{req.model}` (its vocabulary has {n_vocab} tokens).", param="logit_bias",
+                                  code="invalid_logit_bias")
+        p.logit_bias.append((int(key), float(bias)))
+    return p
+
+
+def grammar_limits(limits: Limits) -> GrammarLimits:
+    return GrammarLimits(max_repetition=limits.max_schema_repetition, max_depth=limits.max_schema_depth,
+                         max_grammar_bytes=limits.max_schema_grammar_bytes)
+
+
+def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLimits()) -> str | None:
+    """The grammar `response_format` or the llama.cpp-style `grammar` field asks for."""
+    fmt = req.response_format
+    wants_json = fmt is not None and fmt.type != "text"
+    if wants_json and req.grammar:
+        raise invalid_request("Use either `response_format` or `grammar`, not both.", param="grammar")
+    if req.grammar or not wants_json:
+        return req.grammar
+    if fmt.type == "json_object":
+        return json_grammar({"type": "object"}, "response_format", limits)
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise invalid_request("`response_format.json_schema.schema` is required for type `json_schema`.",
+                              param="response_format.json_schema")
+    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema", limits)
+
+
+def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
+    """Content this text-only model cannot take, and its completion limit: a 400 that names the
+    limit (as OpenAI answers), never a silent clamp."""
+    for i, msg in enumerate(req.messages):
+        for j, part in enumerate(msg.content if isinstance(msg.content, list) else []):
+            if part.type not in ("text", "refusal"):
+                raise invalid_request(f"Model `{spec.id}` takes text only; `{part.type}` content is not supported.",
+                                      param=f"messages[{i}].content[{j}].type", code="unsupported_content")
+    limit = spec.max_tokens_limit or spec.n_ctx
+    asked = req.completion_limit
+    if asked is not None and asked > limit:
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        raise invalid_request(f"`{param}` is too large: {asked}. This model supports at most {limit} completion tokens.",
+                              param=param, code="max_tokens_exceeded")
+
+
+def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
+    """Sizes of what becomes a grammar (`grammar`, `tools`), before any grammar work starts."""
+    if req.grammar is not None:
+        check_gbnf(req.grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
+                                           max_repetition=limits.max_schema_repetition))
+    if not req.tools:
+        return
+    if len(req.tools) > limits.max_tools:
+        raise invalid_request(f"Too many tools: {len(req.tools)} (at most {limits.max_tools}, limits.max_tools).",
+                              param="tools", code="too_many_tools")
+    size = len(json.dumps([t.model_dump(exclude_none=True) for t in req.tools]))
+    if size > limits.max_tools_bytes:
+        raise invalid_request(f"`tools` is {size} bytes as JSON; at most {limits.max_tools_bytes} are accepted "
+                              f"(limits.max_tools_bytes).", param="tools", code="tools_too_large")

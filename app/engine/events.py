@@ -1,0 +1,64 @@
+"""What the engine says about one generation, as typed values that cross both Ray hops unchanged.
+
+A generation is `Started`, then any number of `Text`, then `Finished` or `Failed`. The engine makes
+them on its decode thread; stream.py hands them to the event loop; the LlamaModel replica streams
+lists of them to the ChatProcessor, which turns them into OpenAI chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Union
+
+from ..errors import APIError
+
+
+class _Picklable:
+    """Frozen slotted dataclasses pickle by their fields (Python 3.10's default cannot unpickle them)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Started(_Picklable):
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was reused
+
+
+@dataclass(frozen=True, slots=True)
+class Text(_Picklable):
+    text: str
+    tokens: int  # tokens that produced it (0 for text held back and released later)
+
+    def joined(self, other: "Text") -> "Text":
+        return Text(self.text + other.text, self.tokens + other.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(_Picklable):
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed(_Picklable):
+    error: APIError
+
+
+Event = Union[Started, Text, Finished, Failed]
+
+
+def coalesce(events: list[Event]) -> list[Event]:
+    """Adjacent Text events joined into one (fewer items through each Ray hop)."""
+    out: list[Event] = []
+    for ev in events:
+        if isinstance(ev, Text) and out and isinstance(out[-1], Text):
+            out[-1] = out[-1].joined(ev)
+        else:
+            out.append(ev)
+    return out

@@ -1,0 +1,89 @@
+"""A sequence slot of the llama.cpp context, and the generation that occupies it.
+
+Like llama.cpp's `server_slot`: a slot has an explicit state and owns the tokens its KV holds. The
+tokens outlive the generation (a later prompt with the same prefix reuses them), so they belong to
+the slot, not to the request.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .events import Event
+from .llama import SamplerChain
+from .params import GenerationRequest
+from .stop import StopMatcher
+
+Sink = Callable[[Event], None]
+"""Receives one generation's events. Called through the engine's publisher, on its thread."""
+
+
+class SlotState(Enum):
+    IDLE = "idle"
+    PREFILLING = "prefilling"    # prompt tokens still to decode
+    GENERATING = "generating"    # one sampled token per step
+
+
+@dataclass(eq=False)
+class Generation:
+    """One request's progress through the engine."""
+
+    req: GenerationRequest
+    sink: Sink
+    prompt: list[int]
+    max_tokens: int
+    stop: StopMatcher
+    sampler: SamplerChain | None = None
+    n_past: int = 0          # tokens of this request in the slot's KV
+    cached: int = 0          # prompt tokens reused from the slot's KV
+    generated: int = 0
+    pending_tokens: int = 0  # sampled tokens whose text is still held back (UTF-8, stop matching)
+    last_token: int = -1
+    logits_at: int = -1      # index in the current batch whose logits this generation samples
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    tokens: list[int] = field(default_factory=list)  # what this slot's KV holds, in order
+    gen: Generation | None = None
+    state: SlotState = SlotState.IDLE
+
+    def occupy(self, gen: Generation, reused: int) -> None:
+        self.tokens = gen.prompt[:reused]
+        gen.n_past = gen.cached = reused
+        self.gen, self.state = gen, SlotState.PREFILLING
+
+    def pending_prompt(self) -> list[int]:
+        gen = self.gen
+        return gen.prompt[gen.n_past:] if gen is not None and self.state is SlotState.PREFILLING else []
+
+    def advanced(self, tokens: list[int]) -> None:
+        """`tokens` were decoded into this slot's KV."""
+        gen = self.gen
+        self.tokens.extend(tokens)
+        gen.n_past += len(tokens)
+        if gen.n_past >= len(gen.prompt):
+            self.state = SlotState.GENERATING
+
+    def vacate(self, keep_cache: bool) -> None:
+        self.gen, self.state = None, SlotState.IDLE
+        if not keep_cache:
+            self.tokens = []
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

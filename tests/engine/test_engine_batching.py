@@ -1,0 +1,64 @@
+"""Batching properties: a seeded request repeats itself alone after a batched load, and a prompt
+that shares a prefix with a busy slot copies that slot's KV."""
+
+from __future__ import annotations
+
+from app.chat_template import render_prompt
+from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.events import Finished, Text
+from tests.support.events import EventBox
+
+
+def _submit(eng, rid, prompt, max_tokens, **sampling) -> EventBox:
+    box = EventBox()
+    eng.submit(eng.prepare(GenerationRequest(request_id=rid, prompt=prompt, max_tokens=max_tokens,
+                                             sampling=SamplingParams(**(sampling or {"temperature": 0}))), box))
+    return box
+
+
+def test_seeded_request_repeats_alone_after_batched_load(engine, bundled_spec):
+    prompt = render_prompt(bundled_spec.chat_template, [{"role": "user", "content": "Describe a forest."}])
+    seeded = dict(temperature=0.9, top_k=40, top_p=0.95, seed=77)
+    first = _submit(engine, "alone-1", prompt, 24, **seeded)
+    assert first.wait(60)
+    load = [_submit(engine, f"load-{i}", render_prompt(bundled_spec.chat_template, [
+        {"role": "user", "content": f"Write about river number {i}."}]), 32, temperature=1.0, seed=i) for i in range(3)]
+    batched = _submit(engine, "batched", prompt, 24, **seeded)  # inside the batch (text may differ)
+    for box in load + [batched]:
+        assert box.wait(120)
+    again = _submit(engine, "alone-2", prompt, 24, **seeded)
+    assert again.wait(60)
+    assert first.text and again.text == first.text
+
+
+def test_shared_system_prompt_is_copied_from_a_busy_slot(bundled_spec):
+    eng = LlamaEngine(bundled_spec).start()
+    try:
+        system = {"role": "system", "content": "You are a careful assistant. " * 8}
+        a = render_prompt(bundled_spec.chat_template, [system, {"role": "user", "content": "Tell a long story."}])
+        b = render_prompt(bundled_spec.chat_template, [system, {"role": "user", "content": "Name a color."}])
+        shared = 0
+        ta, tb = eng.mc.tokenize(a), eng.mc.tokenize(b)
+        while ta[shared] == tb[shared]:
+            shared += 1
+        box_a = _submit(eng, "a", a, 200)
+        while not any(isinstance(ev, Text) for ev in box_a.events):  # A is decoding: its slot is busy
+            box_a.wait(0.01)
+        box_b = _submit(eng, "b", b, 8)
+        assert box_b.wait(60)
+        assert box_b.started.cached_tokens == shared > 16
+        assert isinstance(box_b.last, Finished) and box_b.last.completion_tokens >= 1
+        text_b = box_b.text
+        eng.cancel("a")
+        box_a.wait(10)
+    finally:
+        eng.close()
+    # The same request on a fresh engine (no reuse) gives the same greedy text.
+    fresh = LlamaEngine(bundled_spec).start()
+    try:
+        box = _submit(fresh, "b2", b, 8)
+        assert box.wait(60)
+        assert box.started.cached_tokens == 0
+        assert box.text == text_b
+    finally:
+        fresh.close()

@@ -1,0 +1,64 @@
+"""A model llama.cpp cannot run on this node leaves its replica up and saying why, not crash-looping.
+
+The stand-in is a real GGUF cut after its metadata: the app builds (the metadata and chat template
+read fine), and llama.cpp fails in the replica's startup self-check, as it would on a native crash.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from app.config import deployment_name
+from tests.support.openapi_spec import assert_valid
+from tests.support.serve_harness import MODEL, ServeCluster, load_config
+
+pytestmark = pytest.mark.timeout(600)
+BROKEN = "cut-gguf"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, bundled_spec):
+    cut = tmp_path_factory.mktemp("models") / "cut.gguf"
+    with open(bundled_spec.path, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(8 << 20))
+    config = load_config("configs/local-cpu.yaml", {"applications": [{
+        "name": "llamaray",
+        "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 2},
+                            {"id": BROKEN, "model_path": str(cut), "n_ctx": 256, "n_seq_max": 1,
+                             "n_threads": 1}]},
+        "deployments": [{"name": deployment_name(BROKEN), "num_replicas": 1,
+                         "ray_actor_options": {"num_cpus": 0.1, "num_gpus": 0}}],
+    }]})
+    with ServeCluster(config, num_cpus=2, require_healthy=False) as c:
+        yield c
+
+
+def test_health_names_the_model_and_the_cause(cluster):
+    r = httpx.get(f"{cluster.url}/health", timeout=30)
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "unavailable" and body["models"] == {MODEL: True, BROKEN: False}
+    why = body["errors"][BROKEN]
+    assert "startup self-check" in why and "exit status 1" in why and "CPU: " in why, why
+
+
+def test_requests_get_a_503_with_the_reason_and_other_models_serve(cluster):
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60,
+                   json={"model": BROKEN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 503, r.text
+    assert_valid("ErrorResponse", r.json())
+    assert r.json()["error"]["code"] == "engine_unavailable" and "self-check" in r.json()["error"]["message"]
+    ok = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=120,
+                    json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_the_replica_is_not_restarted(cluster):
+    handle = cluster.handle(deployment_name(BROKEN))
+    before = handle.replica_info.remote().result()["pid"]
+    time.sleep(12)  # longer than the model deployment's health_check_period_s (10 s)
+    assert handle.replica_info.remote().result()["pid"] == before
+    assert cluster.replicas(deployment_name(BROKEN)) == {"RUNNING": 1}
