@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from .json_values import map_leaves
+
 OPEN, CLOSE = "\ufdd0", "\ufdd1"
 _MARK = re.compile(f"([{OPEN}{CLOSE}])")
 _ESCAPED = ("\\ufdd0", "\\ufdd1", "\\uFDD0", "\\uFDD1")  # a template that renders JSON ensure_ascii
@@ -35,13 +37,7 @@ def mark(text: str) -> str:
 
 def mark_leaves(value: Any) -> Any:
     """Every string inside a JSON-like value marked (keys stay as they are: templates look them up)."""
-    if isinstance(value, str):
-        return mark(value)
-    if isinstance(value, list):
-        return [mark_leaves(v) for v in value]
-    if isinstance(value, dict):
-        return {k: mark_leaves(v) for k, v in value.items()}
-    return value
+    return map_leaves(value, lambda v: mark(v) if isinstance(v, str) else v)
 
 
 def split(prompt: str) -> Iterator[tuple[str, bool]]:

@@ -74,6 +74,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from urllib.parse import unquote
 
+from .json_values import map_leaves
+
 
 class SchemaError(ValueError):
     """A schema we refuse: over a limit, unsupported, unsatisfiable or malformed."""
@@ -267,15 +269,8 @@ def type_fits(value: Any, types: Iterable[str]) -> bool:
 
 def canonical(value: Any) -> str:
     """Equal JSON values (1 and 1.0, reordered keys) give equal keys."""
-    def norm(v: Any) -> Any:
-        if is_number(v) and float(v).is_integer():
-            return int(v)
-        if isinstance(v, list):
-            return [norm(x) for x in v]
-        if isinstance(v, dict):
-            return {k: norm(x) for k, x in v.items()}
-        return v
-    return json.dumps(norm(value), sort_keys=True)
+    whole = map_leaves(value, lambda v: int(v) if is_number(v) and float(v).is_integer() else v)
+    return json.dumps(whole, sort_keys=True)
 
 
 def is_any(schema: Any) -> bool:

@@ -8,6 +8,7 @@
 * ``EdgeTrim`` - the "whitespace next to a tag is dropped" rule, applied to a
   stream of text pieces (holds back trailing whitespace until it is known
   whether a tag follows).
+* ``StreamMachine`` - feed/finish over a buffer, for parsers that drain it.
 """
 from __future__ import annotations
 
@@ -156,3 +157,31 @@ class EdgeTrim:
     def flush(self) -> str:
         held, self._held = "".join(self._held), []
         return held
+
+
+class StreamMachine:
+    """``feed`` appends to a buffer and drains it; ``finish`` drains what is left, then adds the
+    subclass's ``_tail`` (held text released at the end). Nothing may be fed after ``finish``."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._done = False
+
+    def feed(self, piece: str) -> list:
+        if self._done:
+            raise RuntimeError("feed() after finish()")
+        self._buf += piece
+        return self._drain(final=False)
+
+    def finish(self) -> list:
+        if self._done:
+            return []
+        out = self._drain(final=True) + self._tail()
+        self._done = True
+        return out
+
+    def _drain(self, final: bool) -> list:
+        raise NotImplementedError
+
+    def _tail(self) -> list:
+        return []

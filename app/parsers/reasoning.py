@@ -31,7 +31,7 @@ import re
 from typing import ClassVar
 
 from .deltas import Delta
-from .partial import EdgeTrim, find_first, partial_prefix_len
+from .partial import EdgeTrim, StreamMachine, find_first, partial_prefix_len
 
 
 def merge_deltas(deltas: list[Delta]) -> list[Delta]:
@@ -88,35 +88,27 @@ class NoReasoningParser(ReasoningParser):
         return []
 
 
-class ThinkReasoningParser(ReasoningParser):
+class ThinkReasoningParser(StreamMachine, ReasoningParser):
     name = "think"
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+        ReasoningParser.__init__(self, **kwargs)
+        StreamMachine.__init__(self)
         self._tags = (self.start_tag, self.end_tag)
-        self._buf = ""
         self._in_reasoning = self.starts_in_reasoning
         self._trim = {"content": EdgeTrim(), "reasoning": EdgeTrim(strip_leading=True)}
         self._reasoning_text: list[str] = []
         self._content_sent = False
-        self._done = False
-
-    def feed(self, piece: str) -> list[Delta]:
-        if self._done:
-            raise RuntimeError("feed() after finish()")
-        self._buf += piece
-        return self._drain(final=False)
 
     def finish(self) -> list[Delta]:
-        if self._done:
-            return []
-        out = self._drain(final=True)
+        return merge_deltas(StreamMachine.finish(self))
+
+    def _tail(self) -> list[Delta]:
         kind = self._kind()
-        out += self._out(kind, self._trim[kind].flush())
-        self._done = True
+        out = self._out(kind, self._trim[kind].flush())
         if self._in_reasoning and not self._content_sent:
             out += self._out("content", "".join(self._reasoning_text))
-        return merge_deltas(out)
+        return out
 
     # -- internals -------------------------------------------------------
     def _kind(self) -> str:

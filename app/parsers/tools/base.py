@@ -23,7 +23,7 @@ import json
 from typing import Any, ClassVar
 
 from ..deltas import CallDelta, Delta, ToolCall, ToolDelta, new_call_id
-from ..partial import EdgeTrim, JsonEndScanner
+from ..partial import EdgeTrim, JsonEndScanner, StreamMachine, partial_prefix_len
 
 Call = tuple[str, str]  # (name, arguments as canonical JSON object string)
 
@@ -70,26 +70,28 @@ def calls_from_json(text: str, *, require_args: bool = False) -> list[Call] | No
     return calls  # type: ignore[return-value]
 
 
-class ToolParser:
+class ToolParser(StreamMachine):
     name: ClassVar[str]
+    # Where a call region starts, for formats marked by one literal (the default `_scan`).
+    start_marker: ClassVar[str] = ""
 
     def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
+        super().__init__()
         # When set, a call to any other name is not claimed (its text stays content):
         # a client never receives a call to a function it did not offer.
         self.allowed_names = allowed_names
-        self._buf = ""
         self._in_call = False
         self._trim = EdgeTrim()
         self._said = False  # some content was emitted
         self._count = 0
-        self._done = False
         self._region: dict[str, Any] = {}  # per-region scratch, cleared when a region ends
 
     # -- hooks -----------------------------------------------------------
     def _scan(self, buf: str, final: bool) -> tuple[int, int]:
         """Where a call region starts in ``buf`` (-1: none), and how many
         chars at the end to hold back when none starts."""
-        raise NotImplementedError
+        i = buf.find(self.start_marker)
+        return (i, 0) if i >= 0 else (-1, partial_prefix_len(buf, (self.start_marker,)))
 
     def _take(self, buf: str, final: bool) -> tuple[int, list[Call] | None] | None:
         """``buf`` starts a region: ``(length, calls)``, ``(length, None)`` when
@@ -115,19 +117,8 @@ class ToolParser:
         return (len(buf), False) if final else None
 
     # -- public ----------------------------------------------------------
-    def feed(self, piece: str) -> list[ToolDelta]:
-        if self._done:
-            raise RuntimeError("feed() after finish()")
-        self._buf += piece
-        return self._drain(final=False)
-
-    def finish(self) -> list[ToolDelta]:
-        if self._done:
-            return []
-        out = self._drain(final=True)
-        out += self._content(self._trim.flush())
-        self._done = True
-        return out
+    def _tail(self) -> list[ToolDelta]:
+        return self._content(self._trim.flush())
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """Non-streaming: ``(content around the calls, calls)``."""

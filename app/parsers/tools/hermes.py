@@ -11,7 +11,7 @@ its closing tag is still accepted when its text is a valid call.
 """
 from __future__ import annotations
 
-from ..partial import find_json_end, partial_prefix_len
+from ..partial import find_json_end
 from .base import Call, ToolParser, calls_from_json
 
 START = "<tool_call>"
@@ -20,10 +20,7 @@ END = "</tool_call>"
 
 class HermesToolParser(ToolParser):
     name = "hermes"
-
-    def _scan(self, buf: str, final: bool) -> tuple[int, int]:
-        i = buf.find(START)
-        return (i, 0) if i >= 0 else (-1, partial_prefix_len(buf, (START,)))
+    start_marker = START
 
     def _take(self, buf: str, final: bool) -> tuple[int, list[Call] | None] | None:
         # resume the search for END where the previous feed left it

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 
-from ..partial import partial_prefix_len
 from .base import Call, ToolParser, calls_from_json
 
 MARK = "[TOOL_CALLS]"
@@ -22,10 +21,7 @@ _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
 
 class MistralToolParser(ToolParser):
     name = "mistral"
-
-    def _scan(self, buf: str, final: bool) -> tuple[int, int]:
-        i = buf.find(MARK)
-        return (i, 0) if i >= 0 else (-1, partial_prefix_len(buf, (MARK,)))
+    start_marker = MARK
 
     def _take(self, buf: str, final: bool) -> tuple[int, list[Call] | None] | None:
         rest = buf[len(MARK):].lstrip()
