@@ -62,13 +62,22 @@ def content_text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-def template_messages(messages: list[dict[str, Any]], mark: bool = False) -> list[dict[str, Any]]:
+def knows_developer_role(source: str) -> bool:
+    """Whether a template handles OpenAI's `developer` role itself (most GGUF templates do not)."""
+    return "developer" in source
+
+
+def template_messages(messages: list[dict[str, Any]], mark: bool = False,
+                      developer_as_system: bool = False) -> list[dict[str, Any]]:
     """OpenAI messages -> the dicts HF templates read (string content, tool-call args as objects).
-    `mark`: client text wrapped in content marks (see content_marks), so it never becomes control tokens."""
+    `mark`: client text wrapped in content marks (see content_marks), so it never becomes control tokens.
+    `developer_as_system`: OpenAI's `developer` messages given as `system` (what they mean to a model
+    whose template has no developer role)."""
     text = content_marks.mark if mark else content_marks.clean
     out = []
     for msg in messages:
-        m: dict[str, Any] = {"role": msg["role"], "content": text(content_text(msg.get("content")))}
+        role = "system" if developer_as_system and msg["role"] == "developer" else msg["role"]
+        m: dict[str, Any] = {"role": role, "content": text(content_text(msg.get("content")))}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if msg.get(key):
                 m[key] = text(msg[key])
@@ -106,7 +115,8 @@ def render_prompt(
         tools = content_marks.mark_leaves(tools)
     try:
         return template.render(
-            messages=template_messages(messages, mark=mark_content),
+            messages=template_messages(messages, mark=mark_content,
+                                       developer_as_system=not knows_developer_role(source)),
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,

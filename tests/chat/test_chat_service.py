@@ -17,29 +17,13 @@ from app.engine.events import Started, Text
 from app.engine.stream import generate_stream
 from app.errors import APIError
 from app.schemas import ChatCompletionRequest, parse_chat_request
+from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).
 pytestmark = pytest.mark.timeout(300)
 
 QUESTION = "Write a very long story about a dragon who loves bread."
-
-
-async def _wait_idle(engine, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while engine.stats()["running"] or engine.stats()["waiting"]:
-        assert time.monotonic() < deadline, engine.stats()
-        await asyncio.sleep(0.01)
-
-
-def run(engine, coro):
-    """asyncio.run that lets the engine finish before the loop closes (see test_engine.py)."""
-    async def wrapper():
-        try:
-            return await coro
-        finally:
-            await _wait_idle(engine)
-    return asyncio.run(wrapper())
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,19 @@ def test_check_template_syntax_error():
 def test_check_template_accepts_bundled(tpl):
     assert check_template(tpl) is None
     assert check_template("{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}") is None
+
+
+def test_developer_messages_are_system_messages_to_a_template_without_that_role(tpl):
+    # OpenAI's `developer` role means `system` to the bundled template, which knows only system/user/assistant.
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    as_developer = render_prompt(tpl, messages)
+    assert as_developer == render_prompt(tpl, [{"role": "system", "content": "Be brief."}, messages[1]])
+    assert "developer" not in as_developer and SMOL_SYSTEM not in as_developer  # replaces the default system
+
+
+def test_a_template_that_branches_on_developer_gets_it_as_is():
+    source = ("{% for m in messages %}{% if m.role == 'developer' %}[DEV]{% elif m.role == 'system' %}[SYS]"
+              "{% else %}[{{ m.role }}]{% endif %}{{ m.content }}{% endfor %}")
+    out = render_prompt(source, [{"role": "developer", "content": "a"}, {"role": "system", "content": "b"},
+                                 {"role": "user", "content": "c"}], add_generation_prompt=False)
+    assert out == "[DEV]a[SYS]b[user]c"

@@ -23,6 +23,7 @@ from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Event, Failed, Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.errors import APIError
+from tests.support.events import run_until_idle as run
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).
 pytestmark = pytest.mark.timeout(300)
@@ -77,25 +78,6 @@ async def generate(engine, req: GenerationRequest) -> Result:
     finally:
         await stream.aclose()
     return Result(events)
-
-
-async def wait_idle(engine, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = engine.stats()
-        if s["running"] == 0 and s["waiting"] == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine did not go idle: {engine.stats()}")
-
-
-def run(engine, coro):
-    async def wrapper():
-        try:
-            return await coro
-        finally:
-            await wait_idle(engine)
-    return asyncio.run(wrapper())
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 from app.engine.events import Event, Failed, Finished, Started, Text
 
@@ -31,3 +33,24 @@ class EventBox:
     @property
     def last(self) -> Event:
         return self.events[-1]
+
+
+async def wait_idle(engine, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s["running"] == 0 and s["waiting"] == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine did not go idle: {engine.stats()}")
+
+
+def run_until_idle(engine, coro):
+    """asyncio.run that lets the shared engine finish before the loop closes: events the engine
+    still delivers to a closed loop would be lost, and a later test would find the slot busy."""
+    async def wrapper():
+        try:
+            return await coro
+        finally:
+            await wait_idle(engine)
+    return asyncio.run(wrapper())
