@@ -63,9 +63,10 @@ def _next_round(plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally, en
     if ended.finish_reason != "length" or not plan.tool_parser or rounds >= plan.spec.tool_continuation_rounds:
         return None
     room = continuation_room(plan, tally)
-    if room <= 0 or not parser.has_open_call(tally.text()):
+    if room <= 0:
         return None
-    return continuation(plan, tally.text(), room)
+    text = tally.text()
+    return continuation(plan, text, room) if parser.has_open_call(text) else None
 
 
 def continuation(plan: GenerationPlan, text: str, max_tokens: int) -> GenerationRequest:

@@ -241,21 +241,22 @@ class LlamaEngine:
         planned: list[tuple[Slot, list[int]]] = []
         for slot in self._slots:
             if slot.state is SlotState.GENERATING:
-                slot.gen.logits_at = batch.add(slot.gen.last_token, slot.gen.n_past, slot.index, True)
                 planned.append((slot, [slot.gen.last_token]))
+                self._put(slot, [slot.gen.last_token], logits=True)
         for slot in self._slots:
-            budget = batch.capacity - batch.n
-            pending = slot.pending_prompt()[:budget]
-            if not pending:
-                continue
-            gen, last = slot.gen, slot.gen.n_past + len(pending) == len(slot.gen.prompt)
-            gen.logits_at = -1
-            for k, token in enumerate(pending):
-                idx = batch.add(token, gen.n_past + k, slot.index, last and k == len(pending) - 1)
-            if last:
-                gen.logits_at = idx
-            planned.append((slot, pending))
+            pending = slot.pending_prompt()[:batch.capacity - batch.n]
+            if pending:
+                planned.append((slot, pending))
+                self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))
         return planned
+
+    def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
+        """`tokens` into the batch at the slot's next positions; with `logits`, the last one's
+        logits are kept and the generation samples from them after the decode."""
+        gen = slot.gen
+        for k, token in enumerate(tokens):
+            idx = self._batch.add(token, gen.n_past + k, slot.index, logits and k == len(tokens) - 1)
+        gen.logits_at = idx if logits else -1
 
     def _step_one_by_one(self, planned: list[tuple[Slot, list[int]]]) -> None:
         """After a failed batch: each slot's part decoded (and sampled) alone, so the one llama.cpp
@@ -266,9 +267,7 @@ class LlamaEngine:
         for slot, tokens in planned:
             gen = slot.gen
             self._batch.clear()
-            for k, token in enumerate(tokens):
-                idx = self._batch.add(token, gen.n_past + k, slot.index, k == len(tokens) - 1)
-            gen.logits_at = idx if gen.logits_at >= 0 else -1
+            self._put(slot, tokens, logits=gen.logits_at >= 0)
             rc = decode(self.mc, self._batch)
             if rc != 0:
                 log.error("llama_decode returned %d for request %s alone", rc, gen.request_id)

@@ -24,23 +24,23 @@ ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx51
 
 
 @lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
+def _cpuinfo() -> str:
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    match = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
+        return ""
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    match = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", _cpuinfo(), re.MULTILINE)
     return frozenset(match.group(1).split()) if match else frozenset()
 
 
 @lru_cache(maxsize=1)
 def cpu_name() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    match = re.search(r"^model name\s*:\s*(.*)$", text, re.MULTILINE)
-    return match.group(1).strip() if match else platform.machine()
+    match = re.search(r"^model name\s*:\s*(.*)$", _cpuinfo(), re.MULTILINE)
+    return match.group(1).strip() if match else platform.processor() or platform.machine()
 
 
 def cpu_has_amx(flags: frozenset[str] | None = None) -> bool:
