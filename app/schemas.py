@@ -1,7 +1,7 @@
 """Request models with OpenAI's field names and ranges, and helpers for error messages.
 
 Unknown top-level fields are accepted and ignored (SDKs and frameworks send extras); fields we
-know but cannot honour (e.g. `n` > 1, `logprobs`) are rejected with a 400 that says so. Types are
+know but cannot honour (e.g. `functions`) are rejected with a 400 that says so. Types are
 strict, as OpenAI's API has them: `"stream": "yes"` or `"max_tokens": "10"` is a 400 naming the
 field, never a silent coercion (an integer is still a valid number).
 """
@@ -198,12 +198,8 @@ class ChatCompletionRequest(_Model):
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
-        if self.n not in (None, 1):
-            raise _Unsupported("n", "Only n=1 is supported.")
         if self.top_logprobs is not None and not self.logprobs:
             raise _Unsupported("top_logprobs", "`top_logprobs` requires `logprobs` to be true.")
-        if self.logprobs:
-            raise _Unsupported("logprobs", "logprobs are not supported by this server.")
         for legacy, modern in (("functions", "tools"), ("function_call", "tool_choice")):
             if getattr(self, legacy) is not None:
                 raise _Unsupported(legacy, f"`{legacy}` is deprecated and not supported; use `{modern}` "
@@ -220,6 +216,15 @@ class ChatCompletionRequest(_Model):
     @property
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """The engine's logprobs setting: None (none), else how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def include_usage(self) -> bool:

@@ -27,13 +27,15 @@ CONTINUATION_MARGIN = 16
 
 
 async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally,
-                       timeout_s: float) -> AsyncIterator[list[Event]]:
-    """The reply's events, recorded in `tally`, until it finishes or `timeout_s` passes (504)."""
+                       timeout_s: float, first: AsyncIterator[list[Event]] | None = None) -> AsyncIterator[list[Event]]:
+    """The reply's events, recorded in `tally`, until it finishes or `timeout_s` passes (504).
+    `first`: the first round's events when they are already flowing (one choice of several)."""
     deadline = time.monotonic() + timeout_s
     gen, rounds = plan.gen, 0
     while gen is not None:
-        source, gen = gen, None
-        async for batch in with_deadline(open_stream(plan.spec.id, source), deadline, timeout_s):
+        events = first if first is not None else open_stream(plan.spec.id, gen)
+        first, gen = None, None
+        async for batch in with_deadline(events, deadline, timeout_s):
             out = []
             for ev in batch:
                 if isinstance(ev, Started):
@@ -72,8 +74,8 @@ def _next_round(plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally, en
 def continuation(plan: GenerationPlan, text: str, max_tokens: int) -> GenerationRequest:
     """The next round: prompt + everything generated (its KV prefix is reused), and a forced call's
     grammar resumed after the text it already produced."""
-    return GenerationRequest(request_id=uuid.uuid4().hex, prompt=plan.gen.prompt + text, max_tokens=max_tokens,
-                             stop=plan.gen.stop, sampling=replace(plan.gen.sampling, grammar_prefix=text))
+    return replace(plan.gen, request_id=uuid.uuid4().hex, prompt=plan.gen.prompt + text, max_tokens=max_tokens, n=1,
+                   sampling=replace(plan.gen.sampling, grammar_prefix=text))
 
 
 def continuation_room(plan: GenerationPlan, tally: ReplyTally) -> int:

@@ -5,18 +5,50 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from ..config import Limits, ModelSpec
-from ..engine.events import Finished, Started, Text
+from ..engine.events import Event, Finished, Started, Text, TokenLogprob
 from ..errors import invalid_request, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import ChatCompletionRequest
 from ..tool_calling import resolve_reply_format
+from .choices import ChoiceSplitter, merge
 from .plan import GenerationPlan, plan_request
-from .responses import ChunkMaker, completion_body
+from .responses import ChunkMaker, chat_choice, completion_body
 from .rounds import OpenStream, reply_events
 from .tally import ReplyTally
+
+
+class Choice:
+    """One choice's reading of the reply: its parser, its tally, and its logprobs when asked for."""
+
+    def __init__(self, plan: GenerationPlan) -> None:
+        self.parser = plan.reply_parser()
+        self.tally = ReplyTally()
+        self.wants_logprobs = plan.gen.logprobs is not None
+        self.logprobs: list[TokenLogprob] = []
+        self._unsent = 0  # logprobs not yet attached to a chunk
+
+    def add_logprobs(self, ev: Text) -> None:
+        if self.wants_logprobs:
+            self.logprobs.extend(ev.logprobs)
+
+    def unsent_logprobs(self) -> list[TokenLogprob] | None:
+        """Logprobs of tokens since the last chunk, for the next chunk (None: none to send)."""
+        fresh = self.logprobs[self._unsent:]
+        self._unsent = len(self.logprobs)
+        return fresh or None
+
+
+def usage(choices: list[Choice]) -> dict[str, Any]:
+    """The prompt is counted once, however many choices share it."""
+    out = choices[0].tally.usage()
+    out["completion_tokens"] = sum(c.tally.completion_tokens for c in choices)
+    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return out
 
 
 class ChatService:
@@ -46,42 +78,75 @@ class ChatService:
 
     async def complete(self, req: ChatCompletionRequest) -> dict[str, Any]:
         plan = await self.plan(req)
-        parser, tally = plan.reply_parser(), ReplyTally()
+        choices = [Choice(plan) for _ in range(plan.gen.n)]
         failure: BaseException | None = None
         try:
-            async for _ in reply_events(self.open_stream, plan, parser, tally, self.limits.request_timeout_s):
-                pass
+            async for index, batch in self._events(plan, choices):
+                for ev in batch:
+                    if isinstance(ev, Text):
+                        choices[index].add_logprobs(ev)
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, False, failure))
-        message = parser.parse(tally.text())
-        finish = "tool_calls" if message.get("tool_calls") else tally.finish_reason
-        return completion_body(plan.gen.request_id, req.model, message, finish, tally.usage())
+            self._record(plan, choices, False, failure)
+        bodies = []
+        for index, choice in enumerate(choices):
+            message = choice.parser.parse(choice.tally.text())
+            finish = "tool_calls" if message.get("tool_calls") else choice.tally.finish_reason
+            bodies.append(chat_choice(index, message, finish, choice.logprobs if choice.wants_logprobs else None))
+        return completion_body(plan.gen.request_id, req.model, bodies, usage(choices))
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
         plan = await self.plan(req)
-        parser, tally = plan.reply_parser(), ReplyTally()
+        choices = [Choice(plan) for _ in range(plan.gen.n)]
         chunks = ChunkMaker(plan.gen.request_id, req.model, req.include_usage)
         failure: BaseException | None = None
         try:
-            async for batch in reply_events(self.open_stream, plan, parser, tally, self.limits.request_timeout_s):
+            async for index, batch in self._events(plan, choices):
+                choice = choices[index]
                 out: list[dict[str, Any]] = []
+
+                def emit(deltas: list[dict[str, Any]], choice: Choice = choice, index: int = index) -> None:
+                    out.extend(chunks.delta(d, index=index, logprobs=choice.unsent_logprobs()) for d in deltas)
+
                 for ev in batch:
                     if isinstance(ev, Started):
-                        out.append(chunks.role())
+                        out.append(chunks.role(index))
                     elif isinstance(ev, Text):
-                        out.extend(chunks.delta(d) for d in parser.feed(ev.text))
+                        choice.add_logprobs(ev)
+                        emit(choice.parser.feed(ev.text))
                     elif isinstance(ev, Finished):
-                        out.extend(chunks.delta(d) for d in parser.finish())
-                        out.append(chunks.delta({}, "tool_calls" if parser.made_tool_calls else tally.finish_reason))
-                        if req.include_usage:
-                            out.append(chunks.usage(tally.usage()))
+                        emit(choice.parser.finish())
+                        finish = "tool_calls" if choice.parser.made_tool_calls else choice.tally.finish_reason
+                        out.append(chunks.delta({}, finish, index=index, logprobs=choice.unsent_logprobs()))
                 if out:
                     yield out
+            if req.include_usage:
+                yield [chunks.usage(usage(choices))]
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, True, failure))
+            self._record(plan, choices, True, failure)
+
+    def _events(self, plan: GenerationPlan, choices: list[Choice]) -> AsyncIterator[tuple[int, list[Event]]]:
+        """(choice index, its events) as the model makes them, each choice read in its own rounds."""
+        timeout_s = self.limits.request_timeout_s
+        if len(choices) == 1:
+            return _indexed(reply_events(self.open_stream, plan, choices[0].parser, choices[0].tally, timeout_s))
+        split = ChoiceSplitter(self.open_stream(plan.spec.id, plan.gen), len(choices))
+        return merge([reply_events(self.open_stream, plan, c.parser, c.tally, timeout_s, first=split.choice(i))
+                      for i, c in enumerate(choices)])
+
+    def _record(self, plan: GenerationPlan, choices: list[Choice], stream: bool, failure: BaseException | None) -> None:
+        rec = choices[0].tally.record(plan.spec.id, stream, failure)
+        if len(choices) > 1:
+            rec = replace(rec, completion_tokens=sum(c.tally.completion_tokens for c in choices))
+        self.observer.record(rec)
+
+
+async def _indexed(events: AsyncIterator[list[Event]]) -> AsyncIterator[tuple[int, list[Event]]]:
+    async with aclosing(events):  # closed at once when the client goes: the generation is cancelled
+        async for batch in events:
+            yield 0, batch
