@@ -36,8 +36,16 @@ class SamplingParams:
 class GenerationRequest:
     request_id: str
     prompt: str
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # 0: score the prompt only, generate nothing
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1                     # choices, all from one decode of the prompt
+    logprobs: int | None = None    # None: none; k: each token's logprob and its k most likely alternatives
+    prompt_logprobs: bool = False  # score the prompt's tokens too (legacy completions' echo)
+
+    def choice_seed(self, index: int) -> int | None:
+        """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""
+        seed = self.sampling.seed
+        return None if seed is None else seed + index
 
 
