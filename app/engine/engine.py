@@ -21,8 +21,8 @@ from typing import Any
 from ..config import ModelSpec
 from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
-from .events import Event, Failed, Finished, Started, Text
-from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, check_grammar, decode
+from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
+from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, check_grammar, decode, logprobs_at
 from .params import GenerationRequest
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
 from .stop import StopMatcher
@@ -60,6 +60,7 @@ class LlamaEngine:
         self._outbox: list[tuple[Sink, Event]] = []
         self.broken: str | None = None
         self.steps = 0
+        self.tokens_decoded = 0  # batch tokens decoded, prompt and generated (tests, stats)
         self._thread = threading.Thread(target=self._run, name=f"llama-engine-{spec.id}", daemon=True)
 
     def start(self) -> "LlamaEngine":
@@ -68,15 +69,25 @@ class LlamaEngine:
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> Generation:
-        """Tokenize and check limits; raises APIError (400) before anything is queued."""
+        """Tokenize and check limits; raises APIError (400) before anything is queued. With n > 1
+        the first choice carries the others: they take slots together and share its prompt's KV."""
+        if req.n > len(self._slots):
+            raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
+                                  f"choices at once (its n_seq_max).", param="n", code="n_too_large")
         prompt = self.mc.tokenize_prompt(req.prompt) or [self.mc.bos]
         limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
         if len(prompt) >= self.n_ctx or (limit is not None and len(prompt) + limit > self.n_ctx):
             raise context_length_exceeded(self.n_ctx, len(prompt), limit)
         if req.sampling.grammar:
             check_grammar(self.mc, req.sampling.grammar)
-        return Generation(req=req, sink=sink, prompt=prompt, stop=StopMatcher(req.stop),
-                          max_tokens=limit if limit is not None else self.n_ctx - len(prompt))
+
+        def choice(index: int) -> Generation:
+            return Generation(req=req, sink=sink, prompt=prompt, stop=StopMatcher(req.stop), index=index,
+                              max_tokens=limit if limit is not None else self.n_ctx - len(prompt))
+
+        first = choice(0)
+        first.choices = [choice(i) for i in range(1, req.n)]
+        return first
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
@@ -108,7 +119,7 @@ class LlamaEngine:
     def stats(self) -> dict[str, Any]:
         with self._cv:
             return {"running": self.active, "waiting": len(self._waiting), "slots": len(self._slots),
-                    "steps": self.steps, "healthy": self.healthy()}
+                    "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy()}
 
     @property
     def active(self) -> int:
@@ -169,37 +180,51 @@ class LlamaEngine:
 
     # -- admission: a sampler, then a place in the KV --------------------------------------------
     def _admit(self) -> None:
-        while self._waiting and any(slot.state is SlotState.IDLE for slot in self._slots):
-            gen = self._waiting.popleft()
+        """Waiting requests into idle slots, in order; a request for n choices waits for n."""
+        while self._waiting:
+            gen = self._waiting[0]
+            if sum(slot.state is SlotState.IDLE for slot in self._slots) < 1 + len(gen.choices):
+                return
+            self._waiting.popleft()
+            group = [gen, *gen.choices]
             try:
-                gen.sampler = self._sampler_for(gen.req)
-            except APIError as exc:
+                for g in group:
+                    g.sampler = self._sampler_for(g.req, g.index)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the loop
+                for g in group:
+                    if g.sampler is not None:
+                        g.sampler.free()
+                if not isinstance(exc, APIError):
+                    log.exception("could not build the sampler for %s", gen.request_id)
+                    exc = internal_error("Could not set up sampling for this request.")
                 self._out(gen, Failed(exc))
                 continue
-            except Exception:  # noqa: BLE001 - one bad request must not stop the loop
-                log.exception("could not build the sampler for %s", gen.request_id)
-                self._out(gen, Failed(internal_error("Could not set up sampling for this request.")))
-                continue
-            slot, reused = self._place(gen.prompt)
+            # Scoring the prompt needs logits at every prompt position: nothing of it is reused.
+            slot, reused = self._place(gen.prompt, reuse=not gen.req.prompt_logprobs)
             slot.occupy(gen, reused)
-            self._out(gen, Started(prompt_tokens=len(gen.prompt), cached_tokens=reused))
+            for g in group:
+                if g is not gen:
+                    min((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: len(s.tokens)).occupy(
+                        g, 0, SlotState.FORKING)
+                self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index))
 
-    def _sampler_for(self, req: GenerationRequest) -> SamplerChain:
-        sampler = SamplerChain(self.mc, req.sampling)
+    def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
+        params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
+        sampler = SamplerChain(self.mc, params)
         if sampler.advance(req.sampling.grammar_prefix):
             return sampler
         # A continued reply whose text does not fit the grammar: continue unconstrained.
         sampler.free()
-        return SamplerChain(self.mc, replace(req.sampling, grammar=None))
+        return SamplerChain(self.mc, replace(params, grammar=None))
 
-    def _place(self, prompt: list[int]) -> tuple[Slot, int]:
+    def _place(self, prompt: list[int], reuse: bool = True) -> tuple[Slot, int]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
         A free slot that already holds the best prefix is used as it is. Otherwise the prefix is
         copied from wherever it is (a busy slot's earlier positions never change), into the free
         slot whose own cache is worth least. At least the last prompt token is always recomputed,
         so there are logits to sample from."""
-        prefix = {slot.index: common_prefix(slot.tokens, prompt) for slot in self._slots}
+        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
         idle = [slot for slot in self._slots if slot.state is SlotState.IDLE]
         best_idle = max(idle, key=lambda s: prefix[s.index])
         source = max(self._slots, key=lambda s: (prefix[s.index], s.state is SlotState.IDLE))
@@ -239,6 +264,7 @@ class LlamaEngine:
             return
         rc = decode(self.mc, self._batch)
         self.steps += 1
+        self.tokens_decoded += self._batch.n
         if rc != 0:
             log.warning("llama_decode returned %d for a batch of %d tokens; retrying each sequence alone",
                         rc, self._batch.n)
@@ -266,11 +292,14 @@ class LlamaEngine:
 
     def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
         """`tokens` into the batch at the slot's next positions; with `logits`, the last one's
-        logits are kept and the generation samples from them after the decode."""
+        logits are kept and the generation samples from them after the decode. A prompt that is
+        scored keeps the logits of every position."""
         gen = slot.gen
+        every = gen.req.prompt_logprobs and slot.state is SlotState.PREFILLING
         for k, token in enumerate(tokens):
-            idx = self._batch.add(token, gen.n_past + k, slot.index, logits and k == len(tokens) - 1)
+            idx = self._batch.add(token, gen.n_past + k, slot.index, every or (logits and k == len(tokens) - 1))
         gen.logits_at = idx if logits else -1
+        gen.scored_from = idx - len(tokens) + 1 if every else -1
 
     def _step_one_by_one(self, planned: list[tuple[Slot, list[int]]]) -> None:
         """After a failed batch: each slot's part decoded (and sampled) alone, so the one llama.cpp
@@ -290,9 +319,53 @@ class LlamaEngine:
             self._advance(slot, tokens)
 
     def _advance(self, slot: Slot, tokens: list[int]) -> None:
+        gen = slot.gen
+        if gen.scored_from >= 0:
+            self._score_prompt(gen, tokens)
         slot.advanced(tokens)
-        if slot.gen.logits_at < 0:
+        if gen.logits_at < 0:
             return
+        if gen.generated == 0:  # the prompt is in: its scores, the other choices, or nothing to generate
+            if gen.req.prompt_logprobs:
+                self._out(gen, PromptLogprobs(tuple(gen.prompt_scores), gen.index))
+            if gen.max_tokens == 0:
+                for choice in [gen, *self._take_choices(gen)]:
+                    self._finish(self._slots[choice.slot], "length")
+                return
+            for choice in self._take_choices(gen):
+                self._fork(slot, self._slots[choice.slot])
+        self._sample_or_fail(slot)
+
+    def _take_choices(self, gen: Generation) -> list[Generation]:
+        choices, gen.choices = gen.choices, []
+        return choices
+
+    def _fork(self, source: Slot, slot: Slot) -> None:
+        """Another choice of `source`'s request: the prompt's KV copied into its slot, then it samples
+        from the same logits. Where llama.cpp cannot copy (recurrent models), it decodes the prompt."""
+        prompt = source.gen.prompt
+        if self._keep_prefix(slot.index, source.index, len(prompt)) < len(prompt):
+            slot.occupy(slot.gen, 0)
+            return
+        slot.forked(source.gen.cached)
+        slot.gen.logits_at = source.gen.logits_at
+        self._sample_or_fail(slot)
+
+    def _score_prompt(self, gen: Generation, tokens: list[int]) -> None:
+        """Each prompt token's logprob, from the logits of the position before it."""
+        k = gen.req.logprobs or 0
+        if gen.n_past == 0:
+            gen.prompt_scores.append(TokenLogprob(self.mc.piece(gen.prompt[0]), None, ()))
+        for j in range(len(tokens)):
+            pos = gen.n_past + j + 1
+            if pos < len(gen.prompt):
+                gen.prompt_scores.append(self._logprob(gen.scored_from + j, gen.prompt[pos], k))
+
+    def _logprob(self, row: int, token: int, k: int) -> TokenLogprob:
+        lp, top = logprobs_at(self.mc, row, token, k)
+        return TokenLogprob(self.mc.piece(token), lp, tuple((self.mc.piece(t), v) for t, v in top))
+
+    def _sample_or_fail(self, slot: Slot) -> None:
         try:
             self._sample(slot)
         except NoValidToken as exc:
@@ -311,10 +384,11 @@ class LlamaEngine:
             return
         gen.last_token = token
         gen.pending_tokens += 1
+        if gen.req.logprobs is not None:
+            gen.pending_logprobs.append(self._logprob(gen.logits_at, token, gen.req.logprobs))
         out, matched = gen.stop.feed(gen.decoder.decode(self.mc.piece(token)))
         if out:
-            self._out(gen, Text(out, gen.pending_tokens))
-            gen.pending_tokens = 0
+            self._text(gen, out)
         if matched:
             self._finish(slot, "stop", flush=False)
         elif gen.generated >= gen.max_tokens or gen.n_past + 1 >= self.n_ctx:
@@ -326,16 +400,23 @@ class LlamaEngine:
         if flush:
             tail = gen.stop.feed(gen.decoder.decode(b"", final=True))[0] + gen.stop.flush()
             if tail:
-                self._out(gen, Text(tail, gen.pending_tokens))
-                gen.pending_tokens = 0
+                self._text(gen, tail)
         # Free the slot before telling the client, so a follow-up request finds it free.
         self._release(slot, keep_cache=True)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
-                                completion_tokens=gen.generated, cached_tokens=gen.cached))
+                                completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index))
+
+    def _text(self, gen: Generation, text: str) -> None:
+        """Released text, with the tokens (and their logprobs) held back until now."""
+        self._out(gen, Text(text, gen.pending_tokens, tuple(gen.pending_logprobs), gen.index))
+        gen.pending_tokens = 0
+        gen.pending_logprobs.clear()
 
     def _fail(self, slot: Slot, err: APIError) -> None:
         gen = slot.gen
         self._release(slot, keep_cache=False)
+        for choice in self._take_choices(gen):  # choices still waiting for this prompt go too
+            self._release(self._slots[choice.slot], keep_cache=False)
         self._out(gen, Failed(err))
 
     def _release(self, slot: Slot, keep_cache: bool) -> None:

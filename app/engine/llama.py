@@ -86,6 +86,7 @@ class LlamaModelContext:
         self.n_batch = n_batch
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.bos = L.llama_vocab_bos(self.vocab)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
 
     # -- tokens ----------------------------------------------------------------------------------
@@ -223,6 +224,20 @@ def check_grammar(mc: LlamaModelContext, grammar: str) -> None:
                               "defines `root`, and that repetitions stay within the parser's limits.",
                               param="grammar", code="invalid_grammar")
     L.llama_sampler_free(smpl)
+
+
+def logprobs_at(mc: LlamaModelContext, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """`token`'s log-probability in the batch row `batch_index` (a log-softmax of the raw logits:
+    the model's distribution before any sampler), and the `k` most likely tokens there."""
+    row = np.ctypeslib.as_array(L.llama_get_logits_ith(mc.ctx, batch_index), shape=(mc.n_vocab,))
+    peak = float(row.max())
+    norm = peak + math.log(float(np.exp(row - peak).sum()))
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        best = np.argpartition(row, -k)[-k:]
+        best = best[np.argsort(-row[best], kind="stable")]
+        top = [(int(i), float(row[i]) - norm) for i in best]
+    return float(row[token]) - norm, top
 
 
 class NoValidToken(RuntimeError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .events import Event
+from .events import Event, TokenLogprob
 from .llama import SamplerChain
 from .params import GenerationRequest
 from .stop import StopMatcher
@@ -25,6 +25,7 @@ Sink = Callable[[Event], None]
 class SlotState(Enum):
     IDLE = "idle"
     PREFILLING = "prefilling"    # prompt tokens still to decode
+    FORKING = "forking"          # another choice of its request: waits for the first choice's prompt
     GENERATING = "generating"    # one sampled token per step
 
 
@@ -45,6 +46,12 @@ class Generation:
     last_token: int = -1
     logits_at: int = -1      # index in the current batch whose logits this generation samples
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    index: int = 0           # the choice (n > 1)
+    choices: list["Generation"] = field(default_factory=list)  # the first choice's siblings, until forked
+    slot: int = -1           # the slot it occupies
+    scored_from: int = -1    # batch index of this step's first prompt token, when the prompt is scored
+    prompt_scores: list[TokenLogprob] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # for text still held back
 
     @property
     def request_id(self) -> str:
@@ -58,10 +65,18 @@ class Slot:
     gen: Generation | None = None
     state: SlotState = SlotState.IDLE
 
-    def occupy(self, gen: Generation, reused: int) -> None:
+    def occupy(self, gen: Generation, reused: int, state: SlotState = SlotState.PREFILLING) -> None:
         self.tokens = gen.prompt[:reused]
         gen.n_past = gen.cached = reused
-        self.gen, self.state = gen, SlotState.PREFILLING
+        gen.slot = self.index
+        self.gen, self.state = gen, state
+
+    def forked(self, cached: int) -> None:
+        """The KV now holds the whole prompt (copied from the first choice's slot)."""
+        gen = self.gen
+        self.tokens = list(gen.prompt)
+        gen.n_past, gen.cached = len(gen.prompt), cached
+        self.state = SlotState.GENERATING
 
     def pending_prompt(self) -> list[int]:
         gen = self.gen

@@ -69,6 +69,7 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
     gen = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # APIError for bad input
     engine.submit(gen)
     finished = sent_text = False
+    done = 0  # choices finished
     last_yield = 0.0
     try:
         while not finished:
@@ -86,7 +87,8 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
                 if before:
                     yield before
                 raise failed.error
-            finished = any(isinstance(ev, Finished) for ev in events)
+            done += sum(isinstance(ev, Finished) for ev in events)
+            finished = done >= req.n
             sent_text = sent_text or any(isinstance(ev, Text) for ev in events)
             last_yield = time.monotonic()
             yield coalesce(events)

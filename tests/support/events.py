@@ -10,13 +10,17 @@ from app.engine.events import Event, Failed, Finished, Started, Text
 
 
 class EventBox:
-    def __init__(self) -> None:
+    """Done at the first `Failed`, or when all `n` choices have finished."""
+
+    def __init__(self, n: int = 1) -> None:
         self.events: list[Event] = []
+        self.n = n
         self._done = threading.Event()
 
     def __call__(self, event: Event) -> None:
         self.events.append(event)
-        if isinstance(event, (Finished, Failed)):
+        finished = sum(isinstance(e, Finished) for e in self.events)
+        if isinstance(event, Failed) or finished >= self.n:
             self._done.set()
 
     def wait(self, timeout: float = 30.0) -> bool:
@@ -25,6 +29,12 @@ class EventBox:
     @property
     def text(self) -> str:
         return "".join(e.text for e in self.events if isinstance(e, Text))
+
+    def text_of(self, index: int) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, Text) and e.index == index)
+
+    def of(self, kind: type, index: int = 0) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind) and getattr(e, "index", 0) == index]
 
     @property
     def started(self) -> Started | None:
