@@ -119,10 +119,6 @@ class LlamaModelContext:
             tokens = [self.bos]
         return tokens
 
-    @property
-    def n_vocab(self) -> int:
-        return int(L.llama_vocab_n_tokens(self.vocab))
-
     def detokenize(self, tokens: list[int]) -> str:
         """The text of `tokens` (ids checked by the caller: llama.cpp aborts on one outside the vocabulary).
         Control tokens are written out (`<|im_end|>`); a piece of a UTF-8 character becomes U+FFFD.
