@@ -132,6 +132,20 @@ async def merged(sources: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The engine's context-length error names the chat route's `messages`; here it is the `prompt`."""
+    try:
+        async for item in events:
+            yield item
+    except APIError as exc:
+        if exc.code != "context_length_exceeded" or exc.param != "messages":
+            raise
+        raise APIError(exc.message.replace("messages", "prompt"), param="prompt", code=exc.code,
+                       status=exc.status, type=exc.type, headers=exc.headers) from None
+    finally:
+        await events.aclose()
+
+
 class CompletionService:
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
                  observer: RequestObserver | None = None) -> None:
@@ -158,7 +172,7 @@ class CompletionService:
         deadline = time.monotonic() + timeout_s
         sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
         finished = [0] * len(sources)
-        async for p, batch in merged(sources):
+        async for p, batch in _prompt_errors(merged(sources)):
             for ev in batch:
                 if isinstance(ev, Started) and ev.index == 0:
                     tally.add_prompt(ev)
