@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schemas import ChatCompletionRequest
+from .schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 _ERROR = {
     "description": "OpenAI-shaped error",
@@ -26,17 +31,34 @@ _MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
                          "owned_by": {"type": "string"}}}
 
 
+def _post(operation: str, request: str, description: str, errors: dict[str, Any],
+          stream: bool = False) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"post": {
+        "operationId": operation,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{request}"}}}},
+        "responses": {"200": {"description": description, "content": content}, **errors},
+    }}
+
+
 def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
-    request = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
-    components = request.pop("$defs", {})
-    components["CreateChatCompletionRequest"] = request
+    components: dict[str, Any] = {}
+    for name, model in (("CreateChatCompletionRequest", ChatCompletionRequest),
+                        ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
+                        ("DetokenizeRequest", DetokenizeRequest)):
+        request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+        components.update(request.pop("$defs", {}))
+        components[name] = request
     components["ErrorResponse"] = _ERROR_SCHEMA
     components["Model"] = _MODEL
     errors = {str(code): _ERROR for code in (400, 401, 404, 413, 503, 504)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "llamaray", "version": version,
-                 "description": "OpenAI-compatible chat completions on llama.cpp through Ray Serve."},
+                 "description": "OpenAI-compatible chat and text completions on llama.cpp through Ray Serve."},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
@@ -47,6 +69,10 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                                   "text/event-stream": {"schema": {"type": "string"}}}},
                               **errors},
             }},
+            "/v1/completions": _post("createCompletion", "CreateCompletionRequest",
+                                     "A text_completion, or an SSE stream of them when `stream`", errors, stream=True),
+            "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),
+            "/detokenize": _post("detokenize", "DetokenizeRequest", "`prompt`: the tokens' text", errors),
             "/v1/models": {"get": {"operationId": "listModels", "responses": {
                 "200": {"description": "Models", "content": {"application/json": {"schema": {
                     "type": "object", "properties": {"object": {"const": "list"},

@@ -9,15 +9,18 @@ field, never a silent coercion (an integer is still a valid number).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import APIError, invalid_request
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 # ---- message content ---------------------------------------------------------------------------
@@ -144,6 +147,30 @@ class ResponseFormat(_Model):
 
 # ---- the request -------------------------------------------------------------------------------
 
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    if isinstance(v, list):
+        if len(v) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        if any(s == "" for s in v):
+            raise ValueError("stop sequences must not be empty")
+    return v
+
+
+def check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    for key, bias in (v or {}).items():
+        if not key.isascii() or not key.isdigit() or len(key) > 9:
+            raise ValueError(f"keys must be token ids (integers as strings); got {key!r}")
+        if not -100 <= bias <= 100:
+            raise ValueError(f"bias values must be between -100 and 100; got {bias} for token {key}")
+    return v
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 class ChatCompletionRequest(_Model):
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
@@ -179,22 +206,12 @@ class ChatCompletionRequest(_Model):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list):
-            if len(v) > 4:
-                raise ValueError("at most 4 stop sequences are allowed")
-            if any(s == "" for s in v):
-                raise ValueError("stop sequences must not be empty")
-        return v
+        return check_stop(v)
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (v or {}).items():
-            if not key.isascii() or not key.isdigit() or len(key) > 9:
-                raise ValueError(f"keys must be token ids (integers as strings); got {key!r}")
-            if not -100 <= bias <= 100:
-                raise ValueError(f"bias values must be between -100 and 100; got {bias} for token {key}")
-        return v
+        return check_logit_bias(v)
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -209,9 +226,7 @@ class ChatCompletionRequest(_Model):
 
     @property
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return stop_list(self.stop)
 
     @property
     def completion_limit(self) -> int | None:
@@ -275,14 +290,18 @@ def _describe(err: dict[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def parse_chat_request(payload: Any) -> ChatCompletionRequest:
-    """Validate a decoded JSON body; the first problem becomes a 400 naming its `param`."""
+def parse_request(model: type[_M], payload: Any) -> _M:
+    """Validate a decoded JSON body as `model`; the first problem becomes a 400 naming its `param`."""
     if not isinstance(payload, dict):
         raise invalid_request("The request body must be a JSON object.")
     try:
-        return ChatCompletionRequest.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def parse_chat_request(payload: Any) -> ChatCompletionRequest:
+    return parse_request(ChatCompletionRequest, payload)
 
 
 def validation_error(exc: ValidationError) -> APIError:
@@ -304,3 +323,119 @@ def validation_error(exc: ValidationError) -> APIError:
         message += f" (and {more} more error{'s' if more > 1 else ''})"
     code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
     return invalid_request(message, param=param, code=code)
+
+
+# ---- legacy text completions and the tokenizer routes -----------------------------------------
+
+MAX_CHOICES = 128
+"""Most choices one legacy request may ask for: prompts × n."""
+
+
+class CompletionRequest(_Model):
+    """`POST /v1/completions` (OpenAI's legacy route): the prompt is the model's input as it is, no template."""
+
+    model: str = Field(min_length=1)
+    prompt: str | list[str]
+    suffix: str | None = None
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default; 0 scores the prompt only (echo)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
+    echo: bool | None = False
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # llama.cpp-style extras, as the chat route takes them
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0, le=10)
+    grammar: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("at least one prompt is required")
+            if any(isinstance(p, (int, list)) and not isinstance(p, bool) for p in v):
+                raise _Unsupported("prompt", "Token-id prompts are not supported: send the prompt as text "
+                                             "(a string or a list of strings; POST /detokenize turns ids into text).")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return check_stop(v)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return check_logit_bias(v)
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        if self.suffix:
+            raise _Unsupported("suffix", "`suffix` (insertion after the completion) is not supported: this server "
+                                         "only appends to the prompt.")
+        n = self.n or 1
+        if self.best_of is not None and self.best_of < n:
+            raise ValueError("`best_of` must be greater than or equal to `n`")
+        if self.best_of is not None and self.best_of != n:
+            raise _Unsupported("best_of", "`best_of` larger than `n` is not supported (the server does not rank "
+                                          "candidates); leave it out or set it equal to `n`.")
+        if len(self.prompts) * n > MAX_CHOICES:
+            raise _Unsupported("prompt", f"Too many choices: {len(self.prompts)} prompts × n={n} "
+                                         f"(at most {MAX_CHOICES} in one request).")
+        return self
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    @property
+    def stop_list(self) -> list[str]:
+        return stop_list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class TokenizeRequest(_Model):
+    """`POST /tokenize` (vLLM's shape): a prompt as it is, or messages rendered by the model's chat template
+    exactly as the chat route renders them."""
+
+    model: str = Field(min_length=1)
+    prompt: str | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    add_generation_prompt: bool = True
+    # vLLM's name; llama-server's `add_special` is taken too. True: the special tokens the model's
+    # tokenizer adds itself (BOS for most models), as a generation counts them.
+    add_special: bool = Field(default=True, validation_alias=AliasChoices("add_special_tokens", "add_special"))
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either `prompt` or `messages`")
+        if self.prompt is not None and (self.tools is not None or self.tool_choice is not None):
+            raise ValueError("`tools` and `tool_choice` go with `messages`, not `prompt`")
+        return self
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The chat request whose prompt this is (already validated: only the fields that shape the prompt)."""
+        return ChatCompletionRequest.model_construct(model=self.model, messages=self.messages, tools=self.tools,
+                                                     tool_choice=self.tool_choice)
+
+
+class DetokenizeRequest(_Model):
+    model: str = Field(min_length=1)
+    tokens: list[int]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +25,9 @@ from .errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
 from .openapi import openapi_document
-from .schemas import ChatCompletionRequest, parse_chat_request
+from .schemas import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
+)
 from .sse import SSE_HEADERS, encode_event, frame_stream
 
 log = logging.getLogger("llamaray.server")
@@ -37,6 +39,14 @@ class ChatBackend(Protocol):
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]: ...
 
     def stream(self, request: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+    async def text_complete(self, request: CompletionRequest) -> dict[str, Any]: ...
+
+    def text_stream(self, request: CompletionRequest) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]: ...
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]: ...
 
     async def ready(self) -> dict[str, bool | str]:
         """Per model: True (serving), False (loading), or why it cannot serve on this node."""
@@ -138,11 +148,20 @@ class Endpoints:
         self.spec = openapi_document()
 
     async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat_request, self.backend.complete, self.backend.stream)
+
+    async def completions(self, request: Request) -> Response:
+        """OpenAI's legacy text completions."""
+        return await self._generate(request, lambda body: parse_request(CompletionRequest, body),
+                                    self.backend.text_complete, self.backend.text_stream)
+
+    async def _generate(self, request: Request, parse: Callable[[Any], Any], complete: Callable[[Any], Any],
+                        stream: Callable[[Any], AsyncIterator[list[dict[str, Any]]]]) -> Response:
         try:
-            chat = self._checked(parse_chat_request(await _read_json(request, self.settings.max_body_bytes)))
-            if not chat.stream:
-                return JSONResponse(await self.backend.complete(chat))
-            events = self.backend.stream(chat)
+            req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
+            if not req.stream:
+                return JSONResponse(await complete(req))
+            events = stream(req)
             # Pull the first batch before answering, so errors found before any token
             # (context length, bad grammar, model unavailable) keep their HTTP status.
             first = await anext(events)
@@ -150,16 +169,30 @@ class Endpoints:
             return error_response(exc)
         return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    def _checked(self, chat: ChatCompletionRequest) -> ChatCompletionRequest:
+    async def tokenize(self, request: Request) -> Response:
+        return await self._answer(request, TokenizeRequest, self.backend.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._answer(request, DetokenizeRequest, self.backend.detokenize)
+
+    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any], Any]) -> Response:
+        try:
+            req = self._checked(parse_request(model, await _read_json(request, self.settings.max_body_bytes)))
+            return JSONResponse(await handle(req))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+
+    def _checked(self, req: Any) -> Any:
         """The checks that need the server, not a model: message count, model name, stream options."""
-        if len(chat.messages) > self.settings.max_messages:
-            raise invalid_request(f"Too many messages: {len(chat.messages)} (this server accepts at most "
+        messages = getattr(req, "messages", None) or []
+        if len(messages) > self.settings.max_messages:
+            raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
                                   f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
-        if chat.model not in self.cards:
-            raise model_not_found(chat.model)
-        if chat.stream_options is not None and not chat.stream:
+        if req.model not in self.cards:
+            raise model_not_found(req.model)
+        if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
-        return chat
+        return req
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
@@ -214,6 +247,9 @@ def build_http_app(backend: ChatBackend, models: list[ModelCard], settings: Serv
     api = Endpoints(backend, models, settings)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.get_model, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),

@@ -1,4 +1,5 @@
-"""ChatProcessor: prompt rendering and reply shaping between the Ingress and the models."""
+"""ChatProcessor: prompt rendering and reply shaping between the Ingress and the models (chat, legacy
+text completions, and the tokenizer routes, whose ids come from the model replicas)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.chat import ChatService
+from app.completions import CompletionService
 from app.config import Limits, ModelSpec
 from app.engine.params import GenerationRequest
-from app.schemas import ChatCompletionRequest
+from app.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from app.tokens import TokenService
 
+from .errors import to_api_error
 from .metrics import RayRequestObserver
 from .relay import relay
 from .replica import replica_info
@@ -21,7 +30,10 @@ from .replica import replica_info
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits) -> None:
         self.models = {mid: h.options(stream=True) for mid, h in models.items()}
-        self.service = ChatService(specs, self._open_stream, limits=limits, observer=RayRequestObserver())
+        observer = RayRequestObserver()
+        self.service = ChatService(specs, self._open_stream, limits=limits, observer=observer)
+        self.completions = CompletionService(specs, self._open_stream, limits=limits, observer=observer)
+        self.tokens = TokenService(specs, HandleTokens(models), limits=limits)
 
     def _open_stream(self, model_id: str, request: GenerationRequest):
         return relay(self.models[model_id].generate.remote(request))
@@ -35,3 +47,35 @@ class ChatProcessor:
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
+
+    async def text_complete(self, request: CompletionRequest) -> dict[str, Any]:
+        return await self.completions.complete(request)
+
+    async def text_stream(self, request: CompletionRequest):
+        async for batch in self.completions.stream(request):
+            yield batch
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        return await self.tokens.tokenize(request)
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        return await self.tokens.detokenize(request)
+
+
+class HandleTokens:
+    """app.tokens.ModelTokens over the model deployments' handles."""
+
+    def __init__(self, models: dict[str, DeploymentHandle]) -> None:
+        self.models = models
+
+    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
+        try:
+            return await self.models[model_id].tokenize.remote(text, add_special)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
+
+    async def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        try:
+            return await self.models[model_id].detokenize.remote(tokens)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None

@@ -11,7 +11,12 @@ from ray.serve.handle import DeploymentHandle
 
 from app.auth import KeyChecker, load_api_keys, require_keys
 from app.config import AuthConfig, Limits, ModelSpec, deployment_name
-from app.schemas import ChatCompletionRequest
+from app.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from app.server import ServerSettings, build_http_app, model_cards
 
 from .errors import to_api_error
@@ -51,6 +56,27 @@ class Ingress:
 
     def stream(self, request: ChatCompletionRequest):
         return relay(self.stream_processor.stream.remote(request))
+
+    async def text_complete(self, request: CompletionRequest) -> dict[str, Any]:
+        try:
+            return await self.processor.text_complete.remote(request)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
+
+    def text_stream(self, request: CompletionRequest):
+        return relay(self.stream_processor.text_stream.remote(request))
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        try:
+            return await self.processor.tokenize.remote(request)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        try:
+            return await self.processor.detokenize.remote(request)
+        except Exception as exc:  # noqa: BLE001
+            raise to_api_error(exc) from None
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()

@@ -11,8 +11,8 @@ from ray import serve
 
 from app.config import ModelSpec
 from app.engine import GenerationRequest
-from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.events import Started
+from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.errors import service_unavailable
 
@@ -51,6 +51,17 @@ class LlamaModel:
             if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
                 self.gauges.cache_hit()
             yield batch
+
+    def _ready_engine(self):
+        if self.engine is None:
+            raise service_unavailable(self.unavailable, code="engine_unavailable")
+        return self.engine
+
+    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await asyncio.to_thread(self._ready_engine().detokenize, tokens)
 
     async def stats(self) -> dict[str, Any]:
         if self.engine is None:

@@ -14,8 +14,8 @@ from ..errors import invalid_request
 from ..gbnf_check import GBNFLimits, check_gbnf
 from ..grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
-from ..schemas import ChatCompletionRequest
-from ..tool_calling import ReplyFormat, plan_tools
+from ..schemas import ChatCompletionRequest, CompletionRequest
+from ..tool_calling import ReplyFormat, ToolPlan, plan_tools
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repeat_penalty", "seed")
@@ -43,12 +43,10 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     check_model_limits(req, spec)
     check_grammar_inputs(req, limits)
     schema_limits = grammar_limits(limits)
-    messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    tools = plan_tools(fmt, req, messages, schema_limits)
+    tools = tool_plan(req, fmt, schema_limits)
     # A forced call's grammar wins over a free-form format.
     grammar = tools.grammar or format_grammar(req, schema_limits)
-    prompt = render_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
-                           bos_token=spec.bos_token, eos_token=spec.eos_token, mark_content=True)
+    prompt = chat_prompt(spec, tools)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
@@ -56,7 +54,20 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     return GenerationPlan(req, spec, gen, fmt, tools.parser)
 
 
-def sampling_from(req: ChatCompletionRequest, n_vocab: int = 0) -> SamplingParams:
+def tool_plan(req: ChatCompletionRequest, fmt: ReplyFormat, schema_limits: GrammarLimits) -> ToolPlan:
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    return plan_tools(fmt, req, messages, schema_limits)
+
+
+def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True) -> str:
+    """The prompt the model's template renders for the request's messages (and tools), client text marked."""
+    return render_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
+                         add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
+                         eos_token=spec.eos_token, mark_content=True)
+
+
+def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int = 0) -> SamplingParams:
+    """The request's sampling fields (same names on the chat and the legacy route) over llama.cpp's defaults."""
     p = SamplingParams()
     for name in SAMPLING_FIELDS:
         value = getattr(req, name)
@@ -100,19 +111,20 @@ def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
             if part.type not in ("text", "refusal"):
                 raise invalid_request(f"Model `{spec.id}` takes text only; `{part.type}` content is not supported.",
                                       param=f"messages[{i}].content[{j}].type", code="unsupported_content")
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    check_completion_limit(req.completion_limit, param, spec)
+
+
+def check_completion_limit(asked: int | None, param: str, spec: ModelSpec) -> None:
     limit = spec.max_tokens_limit or spec.n_ctx
-    asked = req.completion_limit
     if asked is not None and asked > limit:
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         raise invalid_request(f"`{param}` is too large: {asked}. This model supports at most {limit} completion tokens.",
                               param=param, code="max_tokens_exceeded")
 
 
 def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
     """Sizes of what becomes a grammar (`grammar`, `tools`), before any grammar work starts."""
-    if req.grammar is not None:
-        check_gbnf(req.grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
-                                           max_repetition=limits.max_schema_repetition))
+    check_client_grammar(req.grammar, limits)
     if not req.tools:
         return
     if len(req.tools) > limits.max_tools:
@@ -122,3 +134,10 @@ def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
     if size > limits.max_tools_bytes:
         raise invalid_request(f"`tools` is {size} bytes as JSON; at most {limits.max_tools_bytes} are accepted "
                               f"(limits.max_tools_bytes).", param="tools", code="tools_too_large")
+
+
+def check_client_grammar(grammar: str | None, limits: Limits) -> None:
+    """A client's GBNF `grammar`, bounded before llama.cpp parses it."""
+    if grammar is not None:
+        check_gbnf(grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
+                                       max_repetition=limits.max_schema_repetition))

@@ -4,10 +4,10 @@ event loop, within a time budget), generated in rounds, parsed, and shaped as Op
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import Limits, ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
@@ -20,6 +20,20 @@ from .plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body
 from .rounds import OpenStream, reply_events
 from .tally import ReplyTally
+
+T = TypeVar("T")
+
+
+async def off_loop(limits: Limits, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (prompt rendering, grammar building: CPU work) in a thread, within
+    limits.grammar_timeout_s: past it, a 400 `request_too_complex`."""
+    budget = limits.grammar_timeout_s
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), budget)
+    except asyncio.TimeoutError:
+        raise invalid_request(f"Preparing this request (chat template, grammar) took longer than {budget:g} s "
+                              f"(limits.grammar_timeout_s); simplify its tools, schema or grammar.",
+                              code="request_too_complex") from None
 
 
 class Choice:
@@ -67,14 +81,7 @@ class ChatService:
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
-        budget = self.limits.grammar_timeout_s
-        try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(plan_request, req, spec, self.formats[spec.id], self.limits), budget)
-        except asyncio.TimeoutError:
-            raise invalid_request(f"Preparing this request (chat template, grammar) took longer than {budget:g} s "
-                                  f"(limits.grammar_timeout_s); simplify its tools, schema or grammar.",
-                                  code="request_too_complex") from None
+        return await off_loop(self.limits, plan_request, req, spec, self.formats[spec.id], self.limits)
 
     async def complete(self, req: ChatCompletionRequest) -> dict[str, Any]:
         plan = await self.plan(req)

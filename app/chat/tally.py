@@ -30,6 +30,12 @@ class ReplyTally:
         self.started = True
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
 
+    def add_prompt(self, ev: Started) -> None:
+        """One more prompt of a request that has several (a legacy completion's list of prompts)."""
+        self.started = True
+        self.prompt_tokens += ev.prompt_tokens
+        self.cached_tokens += ev.cached_tokens
+
     def add_text(self, text: str) -> None:
         now = time.monotonic()
         if self.first_text_at is None:

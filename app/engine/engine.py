@@ -89,6 +89,20 @@ class LlamaEngine:
         first.choices = [choice(i) for i in range(1, req.n)]
         return first
 
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
+        return self.mc.tokenize_prompt(text, add_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids; an id outside the vocabulary is a 400 naming its place. Any thread."""
+        n_vocab = self.mc.n_vocab
+        for i, token in enumerate(tokens):
+            if not 0 <= token < n_vocab:
+                raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
+                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=f"tokens[{i}]",
+                                      code="invalid_token")
+        return self.mc.detokenize(tokens)
+
     def submit(self, gen: Generation) -> None:
         with self._cv:
             if self.broken:

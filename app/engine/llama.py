@@ -106,16 +106,32 @@ class LlamaModelContext:
             tokens = tokens[1:]
         return tokens
 
-    def tokenize_prompt(self, prompt: str) -> list[int]:
-        """A rendered prompt: template text with special-token parsing, marked client text without."""
+    def tokenize_prompt(self, prompt: str, add_special: bool = True) -> list[int]:
+        """A rendered prompt: template text with special-token parsing, marked client text without.
+        add_special: the tokens the model's tokenizer adds itself (BOS), as a generation has them."""
+        add_bos = add_special and self.add_bos
         if content_marks.OPEN not in prompt and content_marks.CLOSE not in prompt:
-            return self.tokenize(prompt)
+            return self.tokenize(prompt, add_special=add_bos)
         tokens: list[int] = []
         for text, is_content in content_marks.split(prompt):
-            tokens += self.tokenize(text, add_special=not tokens and self.add_bos, parse_special=not is_content)
-        if not tokens and self.add_bos:
+            tokens += self.tokenize(text, add_special=not tokens and add_bos, parse_special=not is_content)
+        if not tokens and add_bos:
             tokens = [self.bos]
         return tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens` (ids checked by the caller: llama.cpp aborts on one outside the vocabulary).
+        Control tokens are written out (`<|im_end|>`); a piece of a UTF-8 character becomes U+FFFD.
+        Thread-safe: reads the vocabulary only, into its own buffer."""
+        arr = (L.llama_token * max(1, len(tokens)))(*tokens)
+        size = 16 + 8 * len(tokens)
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = L.llama_detokenize(self.vocab, arr, len(tokens), buf, size, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n
+        raise RuntimeError("llama_detokenize kept asking for a larger buffer")
 
     def is_control(self, token: int) -> bool:
         return bool(L.llama_vocab_is_control(self.vocab, token))

@@ -219,18 +219,16 @@ def test_temperature_message_names_the_bound():
     assert "2" in err.message and "less than or equal" in err.message
 
 
-def test_n_greater_than_one_is_unsupported():
-    err = reject(req(n=2))
-    assert err.param == "n"
-    assert err.code == "unsupported_parameter"
-    assert "n=1" in err.message
+def test_n_and_logprobs_reach_the_engine_settings():
+    r = parse_chat_request(req(n=3, logprobs=True, top_logprobs=4))
+    assert (r.choices, r.logprobs_k) == (3, 4)
+    assert parse_chat_request(req(logprobs=True)).logprobs_k == 0
+    assert parse_chat_request(req()).logprobs_k is None and parse_chat_request(req()).choices == 1
 
 
-def test_logprobs_unsupported():
-    err = reject(req(logprobs=True))
-    assert err.param == "logprobs"
-    assert err.code == "unsupported_parameter"
-    assert "logprobs" in err.message
+def test_top_logprobs_needs_logprobs():
+    err = reject(req(top_logprobs=2))
+    assert err.param == "top_logprobs" and err.code == "unsupported_parameter"
 
 
 def test_five_stop_strings():

@@ -148,8 +148,9 @@ def test_validation_error_400_with_param(client):
     assert_error(resp, 400, code="invalid_value", param="temperature")
 
 
-def test_unsupported_n_400(client):
-    assert_error(client.post(URL, json={**BODY, "n": 3}), 400, code="unsupported_parameter", param="n")
+def test_n_out_of_range_400(client):
+    assert_error(client.post(URL, json={**BODY, "n": 129}), 400, code="invalid_value", param="n")
+    assert_error(client.post(URL, json={**BODY, "n": 0}), 400, code="invalid_value", param="n")
 
 
 def test_stream_options_without_stream_400(client, backend):

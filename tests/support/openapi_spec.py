@@ -29,7 +29,7 @@ import referencing.jsonschema
 import yaml
 from jsonschema.exceptions import best_match
 
-__all__ = ["spec_path", "spec_version", "validator", "assert_valid", "schema_names"]
+__all__ = ["spec_path", "spec_version", "validator", "assert_valid", "assert_valid_completion", "schema_names"]
 
 ENV_VAR = "LLAMARAY_OPENAPI_SPEC"
 # Base URI under which the whole document is registered; the spec's own
@@ -174,3 +174,21 @@ def assert_valid(schema_name: str, instance: Any) -> None:
             f"instance does not match OpenAI schema {schema_name} "
             f"({len(errors)} error{'s' if len(errors) != 1 else ''}):\n{details}"
         )
+
+
+def assert_valid_completion(body: Any) -> None:
+    """A legacy `text_completion` body or stream chunk against CreateCompletionResponse, with the two
+    nulls OpenAI's own API sends and its spec leaves out: `finish_reason: null` on a choice's chunks
+    before its last, and the first echoed prompt token's `token_logprobs` / `top_logprobs` entry
+    (nothing predicted it). Each null is allowed only there."""
+    body = json.loads(json.dumps(body))
+    for choice in body.get("choices", []) if isinstance(body, dict) else []:
+        if isinstance(choice, dict) and choice.get("finish_reason", "") is None:
+            choice["finish_reason"] = "stop"
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        if isinstance(logprobs, dict):
+            for key, stand_in in (("token_logprobs", 0.0), ("top_logprobs", {})):
+                values = logprobs.get(key)
+                if isinstance(values, list) and values and values[0] is None:
+                    values[0] = stand_in
+    assert_valid("CreateCompletionResponse", body)

@@ -1,0 +1,244 @@
+"""CompletionService: legacy text completions, orchestrated like ChatService. Each prompt of the
+request is one generation of `n` choices (choice index = prompt × n + i, as OpenAI numbers them);
+the prompts run together, under one deadline, and their events are shaped into `text_completion`s."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from .. import content_marks
+from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
+from ..chat.rounds import OpenStream, with_deadline
+from ..chat.service import off_loop
+from ..chat.tally import ReplyTally
+from ..config import Limits, ModelSpec
+from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
+from ..engine.params import GenerationRequest
+from ..errors import APIError, model_not_found
+from ..observe import NullObserver, RequestObserver
+from ..schemas import CompletionRequest
+from .responses import CompletionMaker, LegacyLogprobs, choice
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CompletionPlan:
+    req: CompletionRequest
+    spec: ModelSpec
+    request_id: str
+    gens: list[GenerationRequest]  # one per prompt, each for `n` choices
+    n: int
+
+
+def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits) -> CompletionPlan:
+    """The request's generations: its prompts as they are (no template; the client writes the whole
+    input, so control-token text in it is parsed as llama-server and vLLM do), shared sampling."""
+    check_completion_limit(req.max_tokens, "max_tokens", spec)
+    check_client_grammar(req.grammar, limits)
+    sampling = sampling_from(req, spec.n_vocab)
+    sampling.grammar = req.grammar
+    request_id, n = uuid.uuid4().hex, req.n or 1
+    score_prompt = bool(req.echo) and req.logprobs is not None
+    gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
+                              max_tokens=req.max_tokens, stop=req.stop_list, sampling=replace(sampling), n=n,
+                              logprobs=req.logprobs, prompt_logprobs=score_prompt)
+            for p, prompt in enumerate(req.prompts)]
+    return CompletionPlan(req, spec, request_id, gens, n)
+
+
+class Choice:
+    """One choice's text, legacy logprobs and finish reason, as its events arrive. Each event gives
+    the part a stream sends for it: (text, with logprobs, finish reason), or None."""
+
+    def __init__(self, index: int, prompt: str, echo: bool, logprobs: bool) -> None:
+        self.index = index
+        self.prompt = prompt if echo else None  # still to echo
+        self.pieces: list[str] = []
+        self.logprobs = LegacyLogprobs() if logprobs else None
+        self.scores_prompt = echo and logprobs
+        self.finish_reason: str | None = None
+
+    def started(self) -> str | None:
+        return None if self.scores_prompt else self._echo()
+
+    def prompt_scored(self, ev: PromptLogprobs) -> str | None:
+        if self.prompt is None or self.logprobs is None:
+            return None  # echoed already (the prompt's scores came once per choice)
+        self.logprobs.add(ev.entries)
+        return self._echo()
+
+    def _echo(self) -> str | None:
+        text, self.prompt = self.prompt, None
+        if text is not None:
+            self.pieces.append(text)
+        return text
+
+    def text(self, ev: Text) -> str:
+        if self.logprobs is not None:
+            self.logprobs.add(ev.logprobs)
+        self.pieces.append(ev.text)
+        return ev.text
+
+    def finished(self, ev: Finished) -> None:
+        self.finish_reason = ev.finish_reason
+
+    def body(self) -> dict[str, Any]:
+        return choice(self.index, "".join(self.pieces), self.logprobs.take() if self.logprobs else None,
+                      self.finish_reason)
+
+
+async def merged(sources: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(source number, item) from all `sources` as they come; the first failure stops them all."""
+    if len(sources) == 1:
+        try:
+            async for item in sources[0]:
+                yield 0, item
+        finally:
+            await sources[0].aclose()  # a caller that stops early cancels the generation
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                queue.put_nowait((i, item, None))
+            queue.put_nowait((i, end, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            queue.put_nowait((i, None, exc))
+        finally:
+            await source.aclose()
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(sources)]
+    try:
+        running = len(tasks)
+        while running:
+            i, item, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if item is end:
+                running -= 1
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The engine's context-length error names the chat route's `messages`; here it is the `prompt`."""
+    try:
+        async for item in events:
+            yield item
+    except APIError as exc:
+        if exc.code != "context_length_exceeded" or exc.param != "messages":
+            raise
+        raise APIError(exc.message.replace("messages", "prompt"), param="prompt", code=exc.code,
+                       status=exc.status, type=exc.type, headers=exc.headers) from None
+    finally:
+        await events.aclose()
+
+
+class CompletionService:
+    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
+                 observer: RequestObserver | None = None) -> None:
+        self.models = {s.id: s for s in specs}
+        self.open_stream = open_stream
+        self.limits = limits or Limits()
+        self.observer = observer or NullObserver()
+
+    async def plan(self, req: CompletionRequest) -> CompletionPlan:
+        spec = self.models.get(req.model)
+        if spec is None:
+            raise model_not_found(req.model)
+        return await off_loop(self.limits, plan_completion, req, spec, self.limits)
+
+    def _choices(self, plan: CompletionPlan) -> list[Choice]:
+        req = plan.req
+        return [Choice(p * plan.n + i, prompt, bool(req.echo), req.logprobs is not None)
+                for p, prompt in enumerate(req.prompts) for i in range(plan.n)]
+
+    async def _events(self, plan: CompletionPlan, tally: ReplyTally) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Each batch's events with their prompt's number, recorded in `tally`, until every choice
+        finished or the deadline passed (504)."""
+        timeout_s = self.limits.request_timeout_s
+        deadline = time.monotonic() + timeout_s
+        sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
+        finished = [0] * len(sources)
+        async for p, batch in _prompt_errors(merged(sources)):
+            for ev in batch:
+                if isinstance(ev, Started) and ev.index == 0:
+                    tally.add_prompt(ev)
+                elif isinstance(ev, Text):
+                    tally.add_text(ev.text)
+                elif isinstance(ev, Finished):
+                    tally.end_round(ev)
+                    finished[p] += 1
+            yield [(p, ev) for ev in batch]
+        if any(done < plan.n for done in finished):
+            raise APIError("The model stream ended without finishing.", status=502, type="server_error",
+                           code="incomplete_generation")
+
+    def _apply(self, plan: CompletionPlan, choices: list[Choice], p: int, ev: Event,
+               maker: CompletionMaker | None = None) -> list[dict[str, Any]]:
+        """`ev` into its choice (or, the prompt's scores, into each of the prompt's choices that has
+        not echoed yet); with `maker`, the chunks it makes."""
+        base = p * plan.n
+        if isinstance(ev, PromptLogprobs):
+            targets = [choices[base + i] for i in range(plan.n)]
+            parts = [(c, c.prompt_scored(ev), None) for c in targets]
+        else:
+            c = choices[base + ev.index]
+            if isinstance(ev, Started):
+                parts = [(c, c.started(), None)]
+            elif isinstance(ev, Text):
+                parts = [(c, c.text(ev), None)]
+            elif isinstance(ev, Finished):
+                c.finished(ev)
+                parts = [(c, "", ev.finish_reason)]
+            else:
+                parts = []
+        if maker is None:
+            return []
+        return [maker.chunk(c.index, text, c.logprobs.take() if c.logprobs else None, finish)
+                for c, text, finish in parts if text is not None and (text or finish or c.logprobs)]
+
+    async def complete(self, req: CompletionRequest) -> dict[str, Any]:
+        plan = await self.plan(req)
+        choices, tally = self._choices(plan), ReplyTally()
+        failure: BaseException | None = None
+        try:
+            async for batch in self._events(plan, tally):
+                for p, ev in batch:
+                    self._apply(plan, choices, p, ev)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.observer.record(tally.record(plan.spec.id, False, failure))
+        return CompletionMaker(plan.request_id, req.model).body([c.body() for c in choices], tally.usage())
+
+    async def stream(self, req: CompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
+        plan = await self.plan(req)
+        choices, tally = self._choices(plan), ReplyTally()
+        maker = CompletionMaker(plan.request_id, req.model)
+        failure: BaseException | None = None
+        try:
+            async for batch in self._events(plan, tally):
+                out = [chunk for p, ev in batch for chunk in self._apply(plan, choices, p, ev, maker)]
+                if out:
+                    yield out
+            if req.include_usage:
+                yield [maker.usage(tally.usage())]
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self.observer.record(tally.record(plan.spec.id, True, failure))
