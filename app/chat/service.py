@@ -57,7 +57,7 @@ class ChatService:
         finally:
             self.observer.record(tally.record(plan.spec.id, False, failure))
         message = parser.parse(tally.text())
-        finish = "tool_calls" if message.get("tool_calls") else tally.finish_reason
+        finish = finish_reason(bool(message.get("tool_calls")), tally.finish_reason)
         return completion_body(plan.gen.request_id, req.model, message, finish, tally.usage())
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
@@ -75,7 +75,7 @@ class ChatService:
                         out.extend(chunks.delta(d) for d in parser.feed(ev.text))
                     elif isinstance(ev, Finished):
                         out.extend(chunks.delta(d) for d in parser.finish())
-                        out.append(chunks.delta({}, "tool_calls" if parser.made_tool_calls else tally.finish_reason))
+                        out.append(chunks.delta({}, finish_reason(parser.made_tool_calls, tally.finish_reason)))
                         if req.include_usage:
                             out.append(chunks.usage(tally.usage()))
                 if out:
@@ -85,3 +85,10 @@ class ChatService:
             raise
         finally:
             self.observer.record(tally.record(plan.spec.id, True, failure))
+
+
+def finish_reason(made_calls: bool, ended: str | None) -> str | None:
+    """`length` whenever the reply was cut, as OpenAI reports it: a call that streamed out before
+    the cut keeps the arguments generated so far, so `tool_calls` would claim a whole call. Else
+    `tool_calls` when the reply made calls."""
+    return "tool_calls" if made_calls and ended != "length" else ended
