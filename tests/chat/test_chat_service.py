@@ -305,7 +305,7 @@ def test_a_cut_call_is_the_same_streamed_and_not(bundled_spec):
         yield [Finished("length", 3, 20 if len(rounds) == 1 else 0, 0)]
 
     svc = ChatService([bundled_spec], open_stream)
-    req = dict(tools=[WEATHER_TOOL], max_tokens=20)
+    req = {"tools": [WEATHER_TOOL], "max_tokens": 20}
     body = asyncio.run(svc.complete(payload(bundled_spec, **req)))
     (call,) = body["choices"][0]["message"]["tool_calls"]
     assert body["choices"][0]["finish_reason"] == "length"
