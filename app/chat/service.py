@@ -100,7 +100,7 @@ class ChatService:
         bodies = []
         for index, choice in enumerate(choices):
             message = choice.parser.parse(choice.tally.text())
-            finish = "tool_calls" if message.get("tool_calls") else choice.tally.finish_reason
+            finish = finish_reason(bool(message.get("tool_calls")), choice.tally.finish_reason)
             bodies.append(chat_choice(index, message, finish, choice.logprobs if choice.wants_logprobs else None))
         return completion_body(plan.gen.request_id, req.model, bodies, usage(choices))
 
@@ -125,7 +125,7 @@ class ChatService:
                         emit(choice.parser.feed(ev.text))
                     elif isinstance(ev, Finished):
                         emit(choice.parser.finish())
-                        finish = "tool_calls" if choice.parser.made_tool_calls else choice.tally.finish_reason
+                        finish = finish_reason(choice.parser.made_tool_calls, choice.tally.finish_reason)
                         out.append(chunks.delta({}, finish, index=index, logprobs=choice.unsent_logprobs()))
                 if out:
                     yield out
@@ -151,6 +151,13 @@ class ChatService:
         if len(choices) > 1:
             rec = replace(rec, completion_tokens=sum(c.tally.completion_tokens for c in choices))
         self.observer.record(rec)
+
+
+def finish_reason(made_calls: bool, ended: str | None) -> str | None:
+    """`length` whenever the reply was cut, as OpenAI reports it: a call that streamed out before
+    the cut keeps the arguments generated so far, so `tool_calls` would claim a whole call. Else
+    `tool_calls` when the reply made calls."""
+    return "tool_calls" if made_calls and ended != "length" else ended
 
 
 async def _indexed(events: AsyncIterator[list[Event]]) -> AsyncIterator[tuple[int, list[Event]]]:

@@ -53,7 +53,7 @@ class JsonEndScanner:
     ``end(text)`` returns the index just past the closing bracket, or -1 while
     the value is not closed; it resumes where the previous call stopped, so
     a growing buffer is scanned once in all (the text before the scanned
-    position must not change between calls).
+    position must not change between calls). ``stop`` reads only ``text[:stop]``.
     """
 
     __slots__ = ("start", "_quotes", "_i", "_depth", "_quote", "_end")
@@ -66,12 +66,13 @@ class JsonEndScanner:
         self._quote: str | None = None
         self._end = -1
 
-    def end(self, text: str) -> int:
+    def end(self, text: str, stop: int | None = None) -> int:
         if self._end >= 0:
             return self._end
-        if self._i == self.start and (self.start >= len(text) or text[self.start] not in _OPEN):
+        n = len(text) if stop is None else stop
+        if self._i == self.start and (self.start >= n or text[self.start] not in _OPEN):
             return -1
-        i, depth, quote, n = self._i, self._depth, self._quote, len(text)
+        i, depth, quote = self._i, self._depth, self._quote
         while i < n:
             c = text[i]
             if quote is not None:

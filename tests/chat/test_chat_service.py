@@ -13,7 +13,7 @@ from app.chat import ChatService
 from app.chat.plan import sampling_from
 from app.chat_template import render_prompt
 from app.engine import GenerationRequest
-from app.engine.events import Started, Text
+from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.errors import APIError
 from app.schemas import ChatCompletionRequest, parse_chat_request
@@ -284,6 +284,38 @@ def test_a_call_cut_at_the_end_of_the_context_ends_with_length(service, engine, 
     room = bundled_spec.n_ctx - prompt_tokens
     assert 4 <= room <= 30, room  # a forced call needs more than this
     body = ask(words, room)
-    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["finish_reason"] == "length"  # even when a cut call went out
     assert body["usage"]["completion_tokens"] == room
-    assert not body["choices"][0]["message"].get("tool_calls")
+    # A call whose arguments had opened streamed out, so it stays, with the arguments generated
+    # before the cut; one cut before that is no call.
+    for call in body["choices"][0]["message"].get("tool_calls") or []:
+        assert call["function"]["name"] == "get_weather" and call["function"]["arguments"].startswith("{")
+
+
+def test_a_cut_call_is_the_same_streamed_and_not(bundled_spec):
+    # The call's arguments streamed out as they came; the cut leaves them short, in both paths alike.
+    cut = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    rounds = []
+
+    async def open_stream(model_id, gen):
+        rounds.append(gen)
+        yield [Started(prompt_tokens=3, cached_tokens=0)]
+        if len(rounds) == 1:
+            yield [Text(cut, 20)]
+        yield [Finished("length", 3, 20 if len(rounds) == 1 else 0, 0)]
+
+    svc = ChatService([bundled_spec], open_stream)
+    req = {"tools": [WEATHER_TOOL], "max_tokens": 20}
+    body = asyncio.run(svc.complete(payload(bundled_spec, **req)))
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("get_weather", '{"city": "Par')
+    assert body["choices"][0]["message"]["content"] == "Checking."
+
+    rounds.clear()
+    chunks = asyncio.run(collect(svc.stream(payload(bundled_spec, stream=True, **req))))
+    deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+    parts = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    assert parts[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(p["function"]["arguments"] for p in parts) == '{"city": "Par'
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"

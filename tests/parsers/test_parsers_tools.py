@@ -46,11 +46,18 @@ def test_hermes_prose_and_two_calls():
     assert calls(HermesToolParser(), text) == ("Checking both. Done.", [("a", {"x": 1}), ("b", {})])
 
 
-def test_hermes_arguments_canonical_and_string_args():
+def test_hermes_arguments_raw_and_string_args():
+    # the raw text the model wrote, not a re-serialisation: what streaming sends is what parse returns
     content, got = HermesToolParser().parse('<tool_call>{"name":"f","arguments":{"k":"é","n":[1,2]}}</tool_call>')
-    assert content == "" and got[0].arguments == '{"k": "é", "n": [1, 2]}'
-    _, got = HermesToolParser().parse('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
-    assert got[0].arguments == '{"a": 1}'
+    assert content == "" and got[0].arguments == '{"k":"é","n":[1,2]}'
+    _, got = HermesToolParser().parse('<tool_call>{"name": "f", "arguments": " {\\"a\\":1} "}</tool_call>')
+    assert got[0].arguments == '{"a":1}'  # arguments as a JSON string: that string, stripped
+    _, got = HermesToolParser().parse('<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}}'
+                                      '</tool_call>')
+    assert got[0].arguments == '{"a": 1}'  # streamed as it came: the first arguments object stands
+    _, got = HermesToolParser().parse('<tool_call>{"arguments": {"a": 1}, "arguments": {"b": 2}, "name": "f"}'
+                                      '</tool_call>')
+    assert got[0].arguments == '{"b": 2}'  # held to the end (name last): read as json.loads does
     _, got = HermesToolParser().parse('<tool_call>{"name": "f"}</tool_call>')
     assert got[0].arguments == "{}"
 
@@ -61,7 +68,7 @@ def test_hermes_list_in_one_block():
 
 
 @pytest.mark.parametrize("bad", [
-    '<tool_call>\n{"name": "f", "arguments": {"x": 1}\n</tool_call>',    # unclosed brace
+    '<tool_call>\n{"name": 3, "arguments": {"x": 1}}\n</tool_call>',     # name not a string
     '<tool_call>\n{"arguments": {"x": 1}}\n</tool_call>',                # no name
     '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',        # arguments not an object
     '<tool_call>\nnot json\n</tool_call>',
@@ -70,11 +77,14 @@ def test_hermes_invalid_block_is_content(bad):
     assert HermesToolParser().parse("Hi " + bad + " bye") == ("Hi " + bad + " bye", [])
 
 
-def test_hermes_truncated_call_is_content_and_open():
+def test_hermes_truncated_call_is_open():
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
     p = HermesToolParser()
-    assert p.parse(text) == (text, [])
-    assert p.has_open_call(text)
+    content, got = p.parse(text)  # the call went out while it streamed: it keeps what was generated
+    assert content == "Sure." and [(c.name, c.arguments) for c in got] == [("get_weather", '{"city": "Par')]
+    before = 'Sure.\n<tool_call>\n{"name": "get_weather", "argu'  # no arguments yet: nothing was sent
+    assert p.parse(before) == (before, [])
+    assert p.has_open_call(text) and p.has_open_call(before)
     assert p.has_open_call("Sure.<tool_call>\n")
     assert not p.has_open_call(text + 'is"}}\n</tool_call>')
     assert not p.has_open_call(text + 'is"}}')  # JSON closed, closing tag missing: complete
@@ -84,20 +94,56 @@ def test_hermes_truncated_call_is_content_and_open():
 
 def test_hermes_streaming_shape():
     p = HermesToolParser()
-    out = []
-    out += p.feed("Let me check.\n<tool")
-    assert out == [Delta("content", "Let me check.")]
-    out += p.feed('_call>\n{"name": "get_weather", ')
-    out += p.feed('"arguments": {"city": "Paris"}}\n</tool_')
-    assert len(out) == 1  # buffered until the block closes
-    tail = p.feed("call>\n")
-    # OpenAI's streaming shape: a header with id and name, then the arguments alone.
-    assert len(tail) == 2 and all(isinstance(d, CallDelta) for d in tail)
-    head, args = tail
-    assert (head.index, head.name, head.arguments) == (0, "get_weather", "")
+    assert p.feed("Let me check.\n<tool") == [Delta("content", "Let me check.")]
+    assert p.feed('_call>\n{"name": "get_weather", ') == []  # the name alone is not enough
+    assert p.feed('"argum') == []
+    # OpenAI's streaming shape: a header with id and name once the arguments open, then fragments.
+    head, first = p.feed('ents": {"ci')
+    assert isinstance(head, CallDelta) and (head.index, head.name, head.arguments) == (0, "get_weather", "")
     assert head.id.startswith("call_") and len(head.id) == 29
-    assert (args.index, args.id, args.name, args.arguments) == (0, None, None, '{"city": "Paris"}')
+    assert (first.index, first.id, first.name, first.arguments) == (0, None, None, '{"ci')
+    assert p.feed('ty": "Par') == [CallDelta(0, 'ty": "Par')]
+    assert p.feed('is"}}\n</tool_') == [CallDelta(0, 'is"}')]  # never past the arguments' brace
+    assert p.feed("call>\n") == []
     assert p.finish() == []
+
+
+def test_hermes_never_streams_into_the_closing_tag():
+    p = HermesToolParser()
+    out = p.feed('<tool_call>{"name": "f", "arguments": {"a": "x</tool_')
+    assert [d.arguments for d in out] == ["", '{"a": "x']  # "</tool_" may be the closing tag: held
+    assert [d.arguments for d in p.feed("call>")] == []
+    assert p.finish() == []  # the region ended at the tag: the call keeps '{"a": "x'
+
+
+def test_calls_to_unknown_names_are_never_sent():
+    allowed = frozenset({"get_weather"})
+    text = '<tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>'
+    for parser in (HermesToolParser(allowed), MistralToolParser(allowed)):
+        src = text if isinstance(parser, HermesToolParser) else '[TOOL_CALLS]rm_rf[ARGS]{"path": "/"}'
+        assert [d for piece in src for d in parser.feed(piece)] + parser.finish() == [Delta("content", src)]
+    # a list: the allowed call before it streams, the unknown one is never sent (nor as content)
+    p = MistralToolParser(allowed)
+    src = ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+           '{"name": "rm_rf", "arguments": {"path": "/"}}]')
+    content, got = p.parse(src)
+    assert content == "" and [(c.name, c.arguments) for c in got] == [("get_weather", '{"city": "Oslo"}')]
+
+
+def test_a_sent_call_whose_json_breaks_keeps_its_arguments():
+    """Once a header went out the client has the call: the arguments are what the model wrote up to
+    where the arguments object closed or the region ended; parse agrees; the region's other text is
+    dropped, never sent."""
+    cases = {
+        HermesToolParser: ('<tool_call>\n{"name": "f", "arguments": {"x": 1}\n</tool_call> ok', "ok", '{"x": 1}'),
+        Llama3JsonToolParser: ('{"name": "f", "parameters": {"a": 1}', "", '{"a": 1}'),
+        MistralToolParser: ('[TOOL_CALLS]f[ARGS]{"a": ', "", '{"a": '),
+    }
+    for cls, (text, content, args) in cases.items():
+        got_content, got = cls().parse(text)
+        assert (got_content, [(c.name, c.arguments) for c in got]) == (content, [("f", args)]), cls
+        streamed = run(cls(), list(text))
+        assert "".join(d.arguments for d in streamed if isinstance(d, CallDelta)) == args
 
 
 def test_hermes_unclosed_tag_at_finish_accepted():
@@ -117,7 +163,7 @@ def test_llama3_call_forms():
     '{"name": "Ada", "born": 1815}',
     '[{"name": "f", "parameters": {}}]',
     'Call it as {"name": "f", "parameters": {}}',
-    '{"name": "f", "parameters": {"a": 1}',  # never closes
+    '{"name": "f", "parameters": [1]}',  # parameters not an object
     '{not json at all}',
     '<|python_tag|>',
     '<|python_tag|>print(1)',
@@ -153,7 +199,7 @@ def test_mistral_forms():
     '[TOOL_CALLS] hello',
     '[TOOL_CALLS]f[ARGS][1]',
     '[TOOL_CALLS]f(a=1)',
-    '[TOOL_CALLS]f[ARGS]{"a": ',
+    '[TOOL_CALLS]f[ARGS]',
     '[TOOL_CALLS][{"name": "f"}, 3]',
 ])
 def test_mistral_invalid_is_content(bad):
@@ -280,11 +326,11 @@ def test_tool_parser_split_invariant(fmt, data):
             acc_calls.append([d.name, d.arguments])
         else:
             acc_calls[d.index][1] += d.arguments
+            assert want[d.index].arguments.startswith(acc_calls[d.index][1])
     assert acc_content == content
     assert acc_calls == [[c.name, c.arguments] for c in want]
-    for c in want:
-        assert isinstance(json.loads(c.arguments), dict)
-        assert c.arguments == json.dumps(json.loads(c.arguments), ensure_ascii=False)
+    for c in want:  # an object's text (cut short when the call was cut or broke after it went out)
+        assert c.arguments.startswith("{")
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
@@ -297,23 +343,33 @@ def test_generated_calls_are_found(fmt, data):
     text = sep.join(call_text(fmt, f"fn{i}", a, compact) for i, a in enumerate(args))
     content, got = TOOL_PARSERS[fmt]().parse(text)
     assert content == ""
-    assert [(c.name, c.arguments) for c in got] == [
-        (f"fn{i}", json.dumps(a, ensure_ascii=False)) for i, a in enumerate(args)]
+    sep = (",", ":") if compact else None
+    assert [(c.name, c.arguments) for c in got] == [  # the arguments' own text
+        (f"fn{i}", json.dumps(a, separators=sep)) for i, a in enumerate(args)]
     assert not TOOL_PARSERS[fmt]().has_open_call(text)
-    # cut the text inside the last call's JSON: that call is open and not claimed
+    # cut the text inside the last call's JSON: that call is open; it was sent (with the arguments
+    # so far) when the cut is past its arguments' opening brace, else it is not claimed
     last = text.rindex(call_text(fmt, f"fn{len(args) - 1}", args[-1], compact))
     if fmt == "mistral" and compact:
-        jstart = text.index("[ARGS]", last) + len("[ARGS]")
+        jstart = args_at = text.index("[ARGS]", last) + len("[ARGS]")
     else:
         jstart = min(i for i in (text.find("{", last), text.find("[", last + 1)) if i >= 0)
+        key = '"parameters": ' if fmt == "llama3_json" else '"arguments": '
+        args_at = text.index(key, last) + len(key)
     jend = find_json_end(text, jstart)
     cut = data.draw(st.integers(jstart + 1, jend - 1), label="cut")
     head = text[:cut]
     assert TOOL_PARSERS[fmt]().has_open_call(head)
     content, got_head = TOOL_PARSERS[fmt]().parse(head)
-    assert [(c.name, c.arguments) for c in got_head] == [(c.name, c.arguments) for c in got[:-1]]
-    # (llama3_json: the "; " separator belongs to the unclaimed call region)
-    assert content == ("; " if fmt == "llama3_json" and len(args) > 1 else "") + head[last:]
+    want = [(c.name, c.arguments) for c in got[:-1]]
+    if cut > args_at:
+        args_end = find_json_end(text, args_at)
+        assert [(c.name, c.arguments) for c in got_head] == want + [(got[-1].name, text[args_at:min(cut, args_end)])]
+        assert content == ""
+    else:
+        assert [(c.name, c.arguments) for c in got_head] == want
+        # (llama3_json: the "; " separator belongs to the unclaimed call region)
+        assert content == ("; " if fmt == "llama3_json" and len(args) > 1 else "") + head[last:]
 
 
 def test_prose_around_a_claimed_call_never_forms_a_marker():

@@ -1,7 +1,7 @@
 """Tool-call parsers, registered by name in ``TOOL_PARSERS``."""
 from __future__ import annotations
 
-from .base import ToolParser, call_from_obj, calls_from_json
+from .base import ToolParser, calls_from_json
 from .hermes import HermesToolParser
 from .llama3_json import Llama3JsonToolParser
 from .mistral import MistralToolParser
@@ -36,6 +36,6 @@ def detect_tool_parser(chat_template: str | None) -> str | None:
 
 __all__ = [
     "TOOL_PARSERS", "ToolParser", "HermesToolParser", "Llama3JsonToolParser",
-    "MistralToolParser", "PythonicToolParser", "call_from_obj", "calls_from_json",
+    "MistralToolParser", "PythonicToolParser", "calls_from_json",
     "detect_tool_parser", "get_tool_parser", "parse_pythonic",
 ]

@@ -55,9 +55,10 @@ class Llama3JsonToolParser(ToolParser):
             calls = None
         else:
             got = self._json_at(buf, pos, final)
+            self._follow(buf, pos, got[0] if got else len(buf))
             if got is None:
                 return None
             pos, closed = got
             calls = calls_from_json(buf[len(buf) - len(rest):pos], require_args=True) if closed else None
-        self._state = _AFTER_CALL if calls else _PROSE
+        self._state = _AFTER_CALL if calls or self._claimed else _PROSE
         return max(pos, 1), calls

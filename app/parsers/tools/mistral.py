@@ -30,6 +30,7 @@ class MistralToolParser(ToolParser):
             return None if not final else (len(buf), None)
         if rest[0] in "[{":
             got = self._json_at(buf, pos, final)
+            self._follow(buf, pos, got[0] if got else len(buf))
             if got is None:
                 return None
             end, closed = got
@@ -48,6 +49,7 @@ class MistralToolParser(ToolParser):
         if buf[pos] != "{":
             return pos, None
         got = self._json_at(buf, pos, final)
+        self._follow(buf, pos, got[0] if got else len(buf), name=m.group())
         if got is None:
             return None
         end, closed = got
@@ -57,6 +59,4 @@ class MistralToolParser(ToolParser):
             args = json.loads(buf[pos:end])
         except ValueError:
             return end, None
-        if not isinstance(args, dict):
-            return end, None
-        return end, [(m.group(), json.dumps(args, ensure_ascii=False))]
+        return end, [(m.group(), buf[pos:end])] if isinstance(args, dict) else None

@@ -62,6 +62,9 @@ def parse_pythonic(text: str) -> list[Call] | None:
 
 
 class PythonicToolParser(ToolParser):
+    """Calls are held until the list closes, then sent whole: their arguments are the Python
+    keywords converted to JSON, not a span of the reply, so there is no raw text to stream."""
+
     name = "pythonic"
 
     def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
