@@ -1,5 +1,6 @@
-"""`llamaray` command: render the local config from serve_config.yaml + an overlay, and check
-a config's application args the way the builder will, with one line per problem."""
+"""`llamaray` command: render the local config from serve_config.yaml + an overlay, and check a whole
+serve config (args the way the builder will, deployment blocks against the models, and optionally the
+node types of a cluster file), with one line per problem."""
 
 from __future__ import annotations
 
@@ -9,20 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, parse_args, resolve_models
+from .config_check import check_config
 from .config_overlay import merge
-from .preflight import preflight
-
-
-def check_config(config: dict) -> list[str]:
-    problems = []
-    for app in config.get("applications", []):
-        try:
-            for spec in resolve_models(parse_args(app.get("args"))):
-                preflight(spec)
-        except ConfigError as exc:
-            problems.append(f"{app.get('name', '?')}: {exc}")
-    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("base", type=Path)
     render.add_argument("--overlay", type=Path, action="append", default=[])
     render.add_argument("-o", "--output", type=Path, required=True)
-    check = sub.add_parser("check-config", help="validate every application's args")
+    check = sub.add_parser("check-config", help="validate every application's args and deployments")
     check.add_argument("config", type=Path)
+    check.add_argument("--cluster", type=Path, help="a Ray cluster launcher file: check that each deployment's "
+                                                    "replica fits one of its node types")
     ns = parser.parse_args(argv)
 
     if ns.cmd == "render-config":
@@ -46,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         ns.output.write_text(header + yaml.safe_dump(config, sort_keys=False))
         return 0
 
-    problems = check_config(yaml.safe_load(ns.config.read_text()) or {})
+    cluster = (yaml.safe_load(ns.cluster.read_text()) or {}) if ns.cluster else None
+    problems = check_config(yaml.safe_load(ns.config.read_text()) or {}, cluster)
     for line in problems:
         print(f"llamaray: config error: {line}", file=sys.stderr)
     return 1 if problems else 0
