@@ -3,14 +3,20 @@
 `resolve_models` turns each `ModelConfig` into a `ModelSpec`: an absolute GGUF path that exists,
 the chat template (from the GGUF unless configured) and the special tokens the template needs.
 Every problem raises `ConfigError` with one line that names the model and the field.
+
+Two values are left open ("auto", None) at build time because they depend on where a replica lands,
+not on the node that builds the app: `n_gpu_layers` (all layers when the replica was given a GPU,
+none otherwise) and `n_threads` (the CPUs reserved for the replica). `place` fills them in, in the
+replica, from plain values the Ray wiring passes in.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,9 +39,12 @@ class ModelConfig(BaseModel):
     n_ctx: int = Field(4096, ge=64, description="context window per request, in tokens")
     n_seq_max: int = Field(4, ge=1, le=256, description="sequence slots served at once by one replica")
     n_batch: int = Field(512, ge=16, description="max tokens per llama_decode call")
-    n_threads: int | None = Field(None, ge=1, description="decode threads (default: all cores)")
+    n_threads: int | None = Field(None, ge=1, description="decode threads (default: the CPUs Ray reserved for "
+                                                          "the replica, at least 1)")
     n_threads_batch: int | None = Field(None, ge=1, description="prompt threads (default: n_threads)")
-    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to the GPU, -1 for all")
+    n_gpu_layers: int | Literal["auto"] | None = Field(
+        None, description="layers offloaded to the GPU, -1 for all; auto (the default): all when Ray gave the "
+                          "replica a GPU, none otherwise")
     kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto", description="llama.cpp's extra CPU weight buffers (repacked/AMX); auto: off only for an AMX "
@@ -50,6 +59,15 @@ class ModelConfig(BaseModel):
     tool_continuation_rounds: int = Field(2, ge=0, le=10, description="extra rounds for a tool call cut by max_tokens")
     tool_continuation_tokens: int = Field(256, ge=1, description="tokens per continuation round")
     owned_by: str = "llamaray"
+
+    @field_validator("n_gpu_layers")
+    @classmethod
+    def _gpu_layers(cls, v: int | str | None) -> int | None:
+        if v is None or v == "auto":
+            return None
+        if v < -1:
+            raise ValueError("n_gpu_layers must be -1 (all), 0 (none), a layer count, or auto")
+        return v
 
     @field_validator("id")
     @classmethod
@@ -106,16 +124,18 @@ class AppArgs(BaseModel):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the deployments need about one model, resolved once at build time."""
+    """What the deployments need about one model, resolved once at build time. `n_threads`,
+    `n_threads_batch` and `n_gpu_layers` may still be None ("auto"): `place` resolves them where the
+    model runs."""
 
     id: str
     path: str
     n_ctx: int
     n_seq_max: int
     n_batch: int
-    n_threads: int
-    n_threads_batch: int
-    n_gpu_layers: int
+    n_threads: int | None
+    n_threads_batch: int | None
+    n_gpu_layers: int | None
     kv_unified: bool
     cpu_extra_buffers: str
     startup_self_check: bool
@@ -170,15 +190,14 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
             f"model {cfg.id!r}: the GGUF has no tokenizer.chat_template; set `chat_template` in its config"
         )
     tokens = meta.get("tokenizer.ggml.tokens")
-    threads = cfg.n_threads or os.cpu_count() or 1
     return ModelSpec(
         id=cfg.id,
         path=str(path),
         n_ctx=cfg.n_ctx,
         n_seq_max=cfg.n_seq_max,
         n_batch=cfg.n_batch,
-        n_threads=threads,
-        n_threads_batch=cfg.n_threads_batch or threads,
+        n_threads=cfg.n_threads,
+        n_threads_batch=cfg.n_threads_batch or cfg.n_threads,
         n_gpu_layers=cfg.n_gpu_layers,
         kv_unified=cfg.kv_unified,
         cpu_extra_buffers=cfg.cpu_extra_buffers,
@@ -196,6 +215,17 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         owned_by=cfg.owned_by,
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
     )
+
+
+def place(spec: ModelSpec, *, cpus: float | None = None, gpus: int = 0) -> ModelSpec:
+    """`spec` with its auto values decided for the process that runs it: `cpus` reserved for it (None:
+    not known, use this node's cores) and the number of `gpus` assigned to it. Explicit values stay."""
+    cores = os.cpu_count() or 1
+    threads = spec.n_threads
+    if threads is None:
+        threads = cores if cpus is None else min(cores, max(1, math.floor(cpus + 0.5)))
+    layers = spec.n_gpu_layers if spec.n_gpu_layers is not None else (-1 if gpus > 0 else 0)
+    return replace(spec, n_threads=threads, n_threads_batch=spec.n_threads_batch or threads, n_gpu_layers=layers)
 
 
 def resolve_models(args: AppArgs) -> list[ModelSpec]:

@@ -7,6 +7,7 @@ from typing import Any
 from ray.serve import Application
 
 from app.config import deployment_name, parse_args, resolve_models
+from app.placement import model_deployment_defaults
 from app.preflight import preflight
 
 from .chat_processor import ChatProcessor
@@ -20,9 +21,11 @@ def build_app(args: dict[str, Any]) -> Application:
     for spec in specs:
         preflight(spec)
     # The resolved specs and validated configs go to the replicas as they are (they pickle).
+    # Each model deployment's options are derived from its model entry (GPU, slots, autoscaling); Ray
+    # Serve applies a `deployments:` block of the config file on top, key by key, so the YAML wins.
     models = {
-        spec.id: LlamaModel.options(name=deployment_name(spec.id), max_ongoing_requests=spec.n_seq_max).bind(spec)
-        for spec in specs
+        spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg)).bind(spec)
+        for spec, cfg in zip(specs, parsed.models)
     }
     processor = ChatProcessor.bind(specs, models, parsed.limits)
     return Ingress.bind(processor, specs, models, parsed.limits, parsed.auth)

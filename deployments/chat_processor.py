@@ -3,6 +3,7 @@ text completions, and the tokenizer routes, whose ids come from the model replic
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ray import serve
@@ -12,6 +13,7 @@ from app.chat import ChatService
 from app.completions import CompletionService
 from app.config import Limits, ModelSpec
 from app.engine.params import GenerationRequest
+from app.placement import CHAT_PROCESSOR_DEFAULTS
 from app.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +28,7 @@ from .relay import relay
 from .replica import replica_info
 
 
-@serve.deployment(name="ChatProcessor", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits) -> None:
         self.models = {mid: h.options(stream=True) for mid, h in models.items()}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+import threading
+import time
 from typing import Any
 
 from ray import serve
@@ -11,6 +14,8 @@ from ray.serve.handle import DeploymentHandle
 
 from app.auth import KeyChecker, load_api_keys, require_keys
 from app.config import AuthConfig, Limits, ModelSpec, deployment_name
+from app.errors import service_unavailable
+from app.placement import INGRESS_DEFAULTS, fits, unplaceable_message
 from app.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,13 +25,14 @@ from app.schemas import (
 from app.server import ServerSettings, build_http_app, model_cards
 
 from .errors import to_api_error
+from .placement import autoscaler_can_add_nodes, deployment_placement, node_resources
 from .relay import relay
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
 
 
-@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class Ingress:
     def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], models: dict[str, DeploymentHandle],
@@ -44,35 +50,49 @@ class Ingress:
                            auth.api_keys_env)
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
                                        keys=KeyChecker(keys))
+        # Model deployments whose replicas no node can hold (and no autoscaler can add one): model id -> why.
+        self.unplaced: dict[str, str] = {}
+        self._app_name = serve.get_replica_context().app_name
+        threading.Thread(target=self._watch_placement, name="llamaray-placement", daemon=True).start()
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self, model_cards(self.specs), self.settings)
 
+    def _check_placed(self, model_id: str) -> None:
+        if model_id in self.unplaced:  # fail at once instead of queueing until the deadline
+            raise service_unavailable(self.unplaced[model_id], code="model_unplaceable")
+
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        self._check_placed(request.model)
         try:
             return await self.processor.complete.remote(request)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
 
     def stream(self, request: ChatCompletionRequest):
+        self._check_placed(request.model)
         return relay(self.stream_processor.stream.remote(request))
 
     async def text_complete(self, request: CompletionRequest) -> dict[str, Any]:
+        self._check_placed(request.model)
         try:
             return await self.processor.text_complete.remote(request)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
 
     def text_stream(self, request: CompletionRequest):
+        self._check_placed(request.model)
         return relay(self.stream_processor.text_stream.remote(request))
 
     async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        self._check_placed(request.model)
         try:
             return await self.processor.tokenize.remote(request)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
 
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        self._check_placed(request.model)
         try:
             return await self.processor.detokenize.remote(request)
         except Exception as exc:  # noqa: BLE001
@@ -80,6 +100,41 @@ class Ingress:
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
+
+    def _watch_placement(self) -> None:
+        """Every few seconds while a model has no running replica: can any node hold one? If not, and no
+        autoscaler can add such a node, say why once in the log and in /health (instead of waiting silently)."""
+        said: set[str] = set()
+        while True:
+            try:
+                waiting = self._check_placement(said)
+            except Exception as exc:  # noqa: BLE001 - controller busy or gone: try again later
+                logger.debug("placement check failed: %s", exc)
+                waiting = True
+            time.sleep(5 if waiting else 30)
+
+    def _check_placement(self, said: set[str]) -> bool:
+        names = {deployment_name(spec.id): spec.id for spec in self.specs}
+        pending = {n: req for n, (req, running) in deployment_placement(self._app_name, list(names)).items()
+                   if running == 0}
+        unplaced: dict[str, str] = {}
+        if pending:
+            nodes, can_add = node_resources(), autoscaler_can_add_nodes()
+            for name, request in pending.items():
+                model_id = names[name]
+                why = None if can_add else unplaceable_message(model_id, name, request, nodes)
+                if why is not None:
+                    unplaced[model_id] = why
+                    if model_id not in said:
+                        logger.error("llamaray: %s", why)
+                elif can_add and not any(fits(request, n) for n in nodes) and model_id not in said:
+                    logger.warning("llamaray: %s waits for a node that can hold a replica (%s): no node has it "
+                                   "now; the autoscaler may be launching one (minutes)", name, request)
+                else:
+                    continue
+                said.add(model_id)
+        self.unplaced = unplaced
+        return bool(pending)
 
     def _scaled_to_zero(self) -> set[str]:
         """Model deployments that Serve reports healthy with no replica (min_replicas: 0)."""
@@ -102,7 +157,11 @@ class Ingress:
         except Exception:  # noqa: BLE001 - no controller answer: ask the replicas directly
             cold = set()
 
+        unplaced = dict(self.unplaced)
+
         async def one(model_id: str) -> bool | str:
+            if model_id in unplaced:
+                return unplaced[model_id]
             if model_id in cold:
                 return True
             try:

@@ -7,9 +7,10 @@ import logging
 import os
 from typing import Any
 
+import ray
 from ray import serve
 
-from app.config import ModelSpec
+from app.config import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.events import Started
 from app.engine.selfcheck import EngineUnavailable, start_engine
@@ -25,7 +26,11 @@ logger = logging.getLogger("ray.serve")
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
     def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
+        # The auto values (threads, GPU layers) are decided here, from what Ray gave this replica.
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        self.spec = place(spec, cpus=assigned.get("CPU"), gpus=len(ray.get_gpu_ids()))
+        logger.info("model %r: n_threads %d, n_threads_batch %d, n_gpu_layers %d (reserved for this replica: %s)",
+                    spec.id, self.spec.n_threads, self.spec.n_threads_batch, self.spec.n_gpu_layers, assigned)
         # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
         # instead of a crash that Serve would restart forever.
         self.engine, self.unavailable = None, None
@@ -69,7 +74,7 @@ class LlamaModel:
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
 
     def replica_info(self) -> dict[str, Any]:
-        return replica_info()
+        return {**replica_info(), "n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}
 
     def check_health(self) -> None:
         # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.

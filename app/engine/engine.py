@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..config import ModelSpec
+from ..config import ModelSpec, place
 from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
@@ -42,6 +42,7 @@ def call_each(items: list[tuple[Sink, Event]]) -> None:
 
 class LlamaEngine:
     def __init__(self, spec: ModelSpec, publish: Publish = call_each) -> None:
+        spec = place(spec)  # auto values not decided by the caller (a replica does): this node's cores, no GPU
         self.spec = spec
         self.mc = LlamaModelContext(
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ModelSpec
+from ..config import ModelSpec, place
 from . import hardware
 
 log = logging.getLogger("llamaray.selfcheck")
@@ -33,6 +33,7 @@ class EngineUnavailable(RuntimeError):
 
 
 def _child_params(spec: ModelSpec) -> dict[str, Any]:
+    spec = place(spec)
     return {"path": spec.path, "n_gpu_layers": spec.n_gpu_layers, "n_threads": spec.n_threads,
             "cpu_extra_buffers": spec.cpu_extra_buffers}
 

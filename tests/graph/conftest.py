@@ -25,7 +25,8 @@ def cluster():
         "deployments": [
             {"name": deployment_name(MODEL), "max_ongoing_requests": 4,
              "autoscaling_config": {"target_ongoing_requests": 3}},
-            {"name": deployment_name(THINK_MODEL), "max_ongoing_requests": 2, "num_replicas": 1,
+            {"name": deployment_name(THINK_MODEL), "max_ongoing_requests": 2,
+             "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
              "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0}},
         ],
     }]})

@@ -29,7 +29,8 @@ def cluster(tmp_path_factory, bundled_spec):
         "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 2},
                             {"id": BROKEN, "model_path": str(cut), "n_ctx": 256, "n_seq_max": 1,
                              "n_threads": 1}]},
-        "deployments": [{"name": deployment_name(BROKEN), "num_replicas": 1,
+        "deployments": [{"name": deployment_name(BROKEN),
+                         "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
                          "ray_actor_options": {"num_cpus": 0.1, "num_gpus": 0}}],
     }]})
     with ServeCluster(config, num_cpus=2, require_healthy=False) as c:

@@ -39,8 +39,10 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
                  timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
-                 address: str | None = None, require_healthy: bool = True) -> None:
+                 address: str | None = None, require_healthy: bool = True, require_running: bool = True) -> None:
         self.require_healthy = require_healthy  # False: RUNNING is enough (a model meant to be unavailable)
+        # False (with require_healthy False): an HTTP answer from /health is enough (a model never placed)
+        self.require_running = require_running
         self.address = address  # join a running cluster (e.g. an AutoscalingCluster) instead
         self.config = config
         self.env = env or {}
@@ -97,12 +99,21 @@ class ServeCluster:
                 raise RuntimeError(f"deploy failed: {status.message} {details}")
             if status is not None and status.status == "RUNNING" and (self.healthy() or not self.require_healthy):
                 return
+            if not self.require_running and not self.require_healthy and self.answers():
+                return
             time.sleep(0.5)
         raise TimeoutError(f"app not ready after {self.timeout_s}s: {last}")
 
     def healthy(self) -> bool:
         try:
             return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def answers(self) -> bool:
+        """The app itself answers /health (JSON, whatever the status), not the proxy before it is routed."""
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).headers.get("content-type") == "application/json"
         except httpx.HTTPError:
             return False
 
