@@ -75,6 +75,8 @@ class Limits(BaseModel):
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
+    stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
+                                      "without data, so proxies keep a waiting stream open (0: off)")
 
 
 class AuthConfig(BaseModel):

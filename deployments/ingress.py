@@ -38,7 +38,7 @@ class Ingress:
                            "(set $%s or auth.api_keys_file; auth.required: true refuses to start without)",
                            auth.api_keys_env)
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
-                                       keys=KeyChecker(keys))
+                                       keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s)
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self, model_cards(self.specs), self.settings)

@@ -61,11 +61,14 @@ class ChatService:
         return completion_body(plan.gen.request_id, req.model, message, finish, tally.usage())
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
+        """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
+        and come before it), so the Ingress can answer with headers while the model is awaited."""
         plan = await self.plan(req)
         parser, tally = plan.reply_parser(), ReplyTally()
         chunks = ChunkMaker(plan.gen.request_id, req.model, req.include_usage)
         failure: BaseException | None = None
         try:
+            yield []
             async for batch in reply_events(self.open_stream, plan, parser, tally, self.limits.request_timeout_s):
                 out: list[dict[str, Any]] = []
                 for ev in batch:
