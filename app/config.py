@@ -49,6 +49,9 @@ class ModelConfig(BaseModel):
     stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
     tool_continuation_rounds: int = Field(2, ge=0, le=10, description="extra rounds for a tool call cut by max_tokens")
     tool_continuation_tokens: int = Field(256, ge=1, description="tokens per continuation round")
+    empty_reply: Literal["allow", "error"] = Field(
+        "allow", description="a reply of nothing but whitespace: `allow` sends it (a valid answer), `error` "
+                             "answers 502 upstream_empty_response instead; metrics count it as `empty` either way")
     owned_by: str = "llamaray"
 
     @field_validator("id")
@@ -133,6 +136,7 @@ class ModelSpec:
     tool_continuation_tokens: int
     owned_by: str
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
+    empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
 
 
 
@@ -197,6 +201,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by,
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
+        empty_reply=cfg.empty_reply,
     )
 
 

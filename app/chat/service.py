@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import Limits, ModelSpec
 from ..engine.events import Finished, Started, Text
-from ..errors import invalid_request, model_not_found
+from ..errors import empty_reply, invalid_request, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import ChatCompletionRequest
 from ..tool_calling import resolve_reply_format
@@ -51,6 +51,7 @@ class ChatService:
         try:
             async for _ in reply_events(self.open_stream, plan, parser, tally, self.limits.request_timeout_s):
                 pass
+            _check_empty(plan, tally)
         except BaseException as exc:
             failure = exc
             raise
@@ -77,6 +78,8 @@ class ChatService:
                     elif isinstance(ev, Text):
                         out.extend(chunks.delta(d) for d in parser.feed(ev.text))
                     elif isinstance(ev, Finished):
+                        # Refused: the error event replaces the final chunk (the SDK raises on it).
+                        _check_empty(plan, tally)
                         out.extend(chunks.delta(d) for d in parser.finish())
                         out.append(chunks.delta({}, "tool_calls" if parser.made_tool_calls else tally.finish_reason))
                         if req.include_usage:
@@ -88,3 +91,9 @@ class ChatService:
             raise
         finally:
             self.observer.record(tally.record(plan.spec.id, True, failure))
+
+
+def _check_empty(plan: GenerationPlan, tally: ReplyTally) -> None:
+    """The finished reply, refused when it is empty and its model says `empty_reply: error`."""
+    if plan.spec.empty_reply == "error" and tally.empty:
+        raise empty_reply()
