@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from app.chat import ChatService
-from app.errors import APIError, error_body
 from app.engine.events import Finished, Started, Text
+from app.errors import APIError, error_body
 from app.observe import RequestRecord
 from app.schemas import parse_chat_request
 from tests.support.openapi_spec import assert_valid

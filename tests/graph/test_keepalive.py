@@ -96,7 +96,8 @@ def test_queued_stream_gets_headers_then_keepalives_then_its_reply(kcluster):
     waited = [ln for ln in lines[:lines.index(next(ln for ln in lines if ln.startswith("data: ")))] if ln]
     assert len(waited) >= 2 and set(waited) == {": keep-alive"}, lines[:10]
     assert first_data_at > blocker.done_at - 1  # the reply came once the slot was free
-    assert [ln for ln in lines if ln and not ln.startswith("data: ")] == waited, "comments only while waiting"
+    # (a comment may also come between chunks here: 0.25 s without data is possible on a busy machine)
+    assert all(ln.startswith(("data: ", ": keep-alive")) for ln in lines if ln)
     chunks, events = sse_json("".join(ln + "\n\n" for ln in lines if ln.startswith("data: ")))
     assert events[-1] == "[DONE]" and chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
