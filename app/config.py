@@ -58,6 +58,9 @@ class ModelConfig(BaseModel):
     stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
     tool_continuation_rounds: int = Field(2, ge=0, le=10, description="extra rounds for a tool call cut by max_tokens")
     tool_continuation_tokens: int = Field(256, ge=1, description="tokens per continuation round")
+    empty_reply: Literal["allow", "error"] = Field(
+        "allow", description="a reply of nothing but whitespace: `allow` sends it (a valid answer), `error` "
+                             "answers 502 upstream_empty_response instead; metrics count it as `empty` either way")
     owned_by: str = "llamaray"
 
     @field_validator("n_gpu_layers")
@@ -93,6 +96,8 @@ class Limits(BaseModel):
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
+    stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
+                                      "without data, so proxies keep a waiting stream open (0: off)")
 
 
 class AuthConfig(BaseModel):
@@ -151,6 +156,7 @@ class ModelSpec:
     tool_continuation_tokens: int
     owned_by: str
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
+    empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
 
 
 
@@ -214,6 +220,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by,
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
+        empty_reply=cfg.empty_reply,
     )
 
 

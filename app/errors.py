@@ -96,6 +96,16 @@ def timeout_error(seconds: float) -> APIError:
                     type="server_error", code="timeout")
 
 
+EMPTY_REPLY = "upstream_empty_response"
+
+
+def empty_reply() -> APIError:
+    """A reply with nothing in it (a model's `empty_reply: error`): a 502, as a proxy answers for an
+    upstream that sent nothing, so clients retry it like any other upstream failure."""
+    return APIError("The model returned an empty reply (no content, reasoning or tool calls); retry the request.",
+                    status=502, type="server_error", code=EMPTY_REPLY)
+
+
 def unauthorized() -> APIError:
     return APIError("Incorrect or missing API key. Send `Authorization: Bearer <key>`.", status=401,
                     type="invalid_request_error", code="invalid_api_key")

@@ -11,7 +11,7 @@ from typing import Protocol
 class RequestRecord:
     model: str
     stream: bool
-    status: str                 # "ok", "error", "cancelled", "timeout"
+    status: str                 # "ok", "empty" (nothing but whitespace), "error", "cancelled", "timeout"
     error_code: str | None
     duration_s: float
     ttft_s: float | None        # request start -> first generated text

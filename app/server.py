@@ -24,11 +24,12 @@ from .auth import KeyChecker
 from .errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
+from .keepalive import Tick, with_ticks
 from .openapi import openapi_document
 from .schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
-from .sse import SSE_HEADERS, encode_event, frame_stream
+from .sse import SSE_HEADERS, frame_stream
 
 log = logging.getLogger("llamaray.server")
 
@@ -38,7 +39,8 @@ class ChatBackend(Protocol):
 
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]: ...
 
-    def stream(self, request: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]: ...
+    def stream(self, request: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
+        """Chunk batches. An empty first batch says "accepted" (planned, waiting for the model)."""
 
     async def text_complete(self, request: CompletionRequest) -> dict[str, Any]: ...
 
@@ -58,6 +60,12 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
     keys: KeyChecker = KeyChecker(())
+    stream_keepalive_s: float = 15.0  # 0: no keep-alive comments, headers wait for the model
+
+
+# How long an accepted stream waits for the model before its headers go out: errors the model finds
+# at once (prompt past the context) keep their HTTP status, a queued request is not left headerless.
+HEADER_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +169,7 @@ class Endpoints:
             req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
             if not req.stream:
                 return JSONResponse(await complete(req))
-            events = stream(req)
-            # Pull the first batch before answering, so errors found before any token
-            # (context length, bad grammar, model unavailable) keep their HTTP status.
-            first = await anext(events)
+            events, first = await self._open_stream(stream(req))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
         return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -181,6 +186,22 @@ class Endpoints:
             return JSONResponse(await handle(req))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
+
+    async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
+        """The stream and its first output, pulled before answering so that errors found before it
+        keep their HTTP status. The backend's first item comes once planning is done (the client's
+        errors: 400); then the model's first batch is awaited for HEADER_GRACE_S at most (less with
+        a shorter keep-alive) before the headers go out with a keep-alive, whatever the queue."""
+        first = await anext(events)
+        interval = self.settings.stream_keepalive_s
+        if interval > 0:
+            events = with_ticks(events, interval, first_s=min(interval, HEADER_GRACE_S))
+        while not first:  # the "accepted" marker: wait for the model's first batch or a tick
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                break
+        return events, first
 
     def _checked(self, req: Any) -> Any:
         """The checks that need the server, not a model: message count, model name, stream options."""
@@ -221,11 +242,18 @@ class Endpoints:
         return JSONResponse(self.spec)
 
 
-async def _sse(first: list[dict[str, Any]], events: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    if first:
-        yield b"".join(encode_event(c) for c in first)
-    async for chunk in frame_stream(events, lambda exc: error_body(exc)[1]):
-        yield chunk
+async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    async def batches() -> AsyncIterator[Any]:
+        yield first
+        async for item in events:
+            yield item
+
+    try:
+        async for chunk in frame_stream(batches(), lambda exc: error_body(exc)[1]):
+            yield chunk
+    finally:
+        # Client gone: close the source now (cancels the generation, frees the slot), not at GC.
+        await events.aclose()
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

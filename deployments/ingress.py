@@ -49,7 +49,7 @@ class Ingress:
                            "(set $%s or auth.api_keys_file; auth.required: true refuses to start without)",
                            auth.api_keys_env)
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
-                                       keys=KeyChecker(keys))
+                                       keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s)
         # Model deployments whose replicas no node can hold (and no autoscaler can add one): model id -> why.
         self.unplaced: dict[str, str] = {}
         self._app_name = serve.get_replica_context().app_name

@@ -16,7 +16,7 @@ class RayRequestObserver:
 
     def __init__(self) -> None:
         self.requests = metrics.Counter("llamaray_requests_total", "Chat completions by outcome.",
-                                        tag_keys=("model", "status", "stream"))
+                                        tag_keys=("model", "status", "stream", "error_code"))
         self.ttft = metrics.Histogram("llamaray_time_to_first_token_seconds", "Request start to first token.",
                                       boundaries=_LATENCY_BUCKETS, tag_keys=("model",))
         self.itl = metrics.Histogram("llamaray_inter_token_latency_seconds", "Mean gap between tokens.",
@@ -31,7 +31,9 @@ class RayRequestObserver:
 
     def record(self, rec: RequestRecord) -> None:
         model = {"model": rec.model}
-        self.requests.inc(1, {**model, "status": rec.status, "stream": str(rec.stream).lower()})
+        # error_code is "" (no label in Prometheus) unless the request failed: which error, at a glance.
+        self.requests.inc(1, {**model, "status": rec.status, "stream": str(rec.stream).lower(),
+                              "error_code": rec.error_code or ""})
         self.e2e.observe(rec.duration_s, {**model, "status": rec.status})
         if rec.ttft_s is not None:
             self.ttft.observe(rec.ttft_s, model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import TypeVar
 
@@ -63,24 +64,31 @@ class ChoiceSplitter:
 
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """(index, item) from several streams as items arrive. The first error ends it all."""
+    """(index, item) from several streams as items arrive; the first error ends them all. A caller
+    that stops early closes every stream at once (which cancels their generations)."""
+    if len(streams) == 1:  # no tasks for the common case
+        async with aclosing(streams[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def drain(index: int, stream: AsyncIterator[T]) -> None:
         try:
             async for item in stream:
-                await queue.put((index, item, None))
-            await queue.put((index, _END, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader
-            await queue.put((index, _END, exc))
-            raise
+                queue.put_nowait((index, item, None))
+            queue.put_nowait((index, _END, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, raised there
+            queue.put_nowait((index, _END, exc))
+        finally:
+            await stream.aclose()
 
     tasks = [asyncio.ensure_future(drain(i, s)) for i, s in enumerate(streams)]
     try:
         running = len(tasks)
         while running:
             index, item, exc = await queue.get()
-            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+            if exc is not None:
                 raise exc
             if item is _END:
                 running -= 1

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..config import Limits, ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
-from ..errors import invalid_request, model_not_found
+from ..errors import empty_reply, invalid_request, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import ChatCompletionRequest
 from ..tool_calling import resolve_reply_format
@@ -92,6 +91,7 @@ class ChatService:
                 for ev in batch:
                     if isinstance(ev, Text):
                         choices[index].add_logprobs(ev)
+            _check_empty(plan, choices)
         except BaseException as exc:
             failure = exc
             raise
@@ -105,11 +105,15 @@ class ChatService:
         return completion_body(plan.gen.request_id, req.model, bodies, usage(choices))
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
+        """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
+        and come before it), so the Ingress can answer with headers while the model is awaited."""
         plan = await self.plan(req)
         choices = [Choice(plan) for _ in range(plan.gen.n)]
         chunks = ChunkMaker(plan.gen.request_id, req.model, req.include_usage)
         failure: BaseException | None = None
+        finished = 0  # choices
         try:
+            yield []
             async for index, batch in self._events(plan, choices):
                 choice = choices[index]
                 out: list[dict[str, Any]] = []
@@ -125,6 +129,10 @@ class ChatService:
                         emit(choice.parser.feed(ev.text))
                     elif isinstance(ev, Finished):
                         emit(choice.parser.finish())
+                        finished += 1
+                        if finished == len(choices):
+                            # Refused: the error event replaces the final chunk (the SDK raises on it).
+                            _check_empty(plan, choices)
                         finish = finish_reason(choice.parser.made_tool_calls, choice.tally.finish_reason)
                         out.append(chunks.delta({}, finish, index=index, logprobs=choice.unsent_logprobs()))
                 if out:
@@ -141,7 +149,7 @@ class ChatService:
         """(choice index, its events) as the model makes them, each choice read in its own rounds."""
         timeout_s = self.limits.request_timeout_s
         if len(choices) == 1:
-            return _indexed(reply_events(self.open_stream, plan, choices[0].parser, choices[0].tally, timeout_s))
+            return merge([reply_events(self.open_stream, plan, choices[0].parser, choices[0].tally, timeout_s)])
         split = ChoiceSplitter(self.open_stream(plan.spec.id, plan.gen), len(choices))
         return merge([reply_events(self.open_stream, plan, c.parser, c.tally, timeout_s, first=split.choice(i))
                       for i, c in enumerate(choices)])
@@ -160,7 +168,8 @@ def finish_reason(made_calls: bool, ended: str | None) -> str | None:
     return "tool_calls" if made_calls and ended != "length" else ended
 
 
-async def _indexed(events: AsyncIterator[list[Event]]) -> AsyncIterator[tuple[int, list[Event]]]:
-    async with aclosing(events):  # closed at once when the client goes: the generation is cancelled
-        async for batch in events:
-            yield 0, batch
+
+def _check_empty(plan: GenerationPlan, choices: list[Choice]) -> None:
+    """The finished reply, refused when every choice is empty and its model says `empty_reply: error`."""
+    if plan.spec.empty_reply == "error" and all(c.tally.empty for c in choices):
+        raise empty_reply()

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ..engine.events import Finished, Started
-from ..errors import APIError
+from ..errors import EMPTY_REPLY, APIError
 from ..observe import RequestRecord
 
 
@@ -25,6 +25,11 @@ class ReplyTally:
 
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing but whitespace generated: no content, reasoning or tool call (all come from the text)."""
+        return not any(p.strip() for p in self.pieces)
 
     def start(self, ev: Started) -> None:
         self.started = True
@@ -57,7 +62,9 @@ class ReplyTally:
             status = "cancelled"
         elif exc is not None:
             code = exc.code if isinstance(exc, APIError) else "internal_error"
-            status = "timeout" if code == "timeout" else "error"
+            status = {"timeout": "timeout", EMPTY_REPLY: "empty"}.get(code, "error")
+        elif self.finish_reason is not None and self.empty:
+            status = "empty"  # answered as it is (empty_reply: allow), yet worth counting
         ttft = self.first_text_at - self.t0 if self.first_text_at is not None else None
         itl = None
         if self.first_text_at is not None and self.completion_tokens > 1:

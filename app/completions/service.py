@@ -4,7 +4,6 @@ the prompts run together, under one deadline, and their events are shaped into `
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 from .. import content_marks
 from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
+from ..chat.choices import merge
 from ..chat.rounds import OpenStream, with_deadline
 from ..chat.service import off_loop
 from ..chat.tally import ReplyTally
@@ -93,45 +93,6 @@ class Choice:
                       self.finish_reason)
 
 
-async def merged(sources: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """(source number, item) from all `sources` as they come; the first failure stops them all."""
-    if len(sources) == 1:
-        try:
-            async for item in sources[0]:
-                yield 0, item
-        finally:
-            await sources[0].aclose()  # a caller that stops early cancels the generation
-        return
-    queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
-    end = object()
-
-    async def pump(i: int, source: AsyncIterator[T]) -> None:
-        try:
-            async for item in source:
-                queue.put_nowait((i, item, None))
-            queue.put_nowait((i, end, None))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            queue.put_nowait((i, None, exc))
-        finally:
-            await source.aclose()
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(sources)]
-    try:
-        running = len(tasks)
-        while running:
-            i, item, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if item is end:
-                running -= 1
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
     """The engine's context-length error names the chat route's `messages`; here it is the `prompt`."""
     try:
@@ -172,7 +133,7 @@ class CompletionService:
         deadline = time.monotonic() + timeout_s
         sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
         finished = [0] * len(sources)
-        async for p, batch in _prompt_errors(merged(sources)):
+        async for p, batch in _prompt_errors(merge(sources)):
             for ev in batch:
                 if isinstance(ev, Started) and ev.index == 0:
                     tally.add_prompt(ev)
@@ -231,6 +192,7 @@ class CompletionService:
         maker = CompletionMaker(plan.request_id, req.model)
         failure: BaseException | None = None
         try:
+            yield []  # accepted: the Ingress may send headers while the model is awaited
             async for batch in self._events(plan, tally):
                 out = [chunk for p, ev in batch for chunk in self._apply(plan, choices, p, ev, maker)]
                 if out:

@@ -54,6 +54,8 @@ def expected_prompt_tokens(engine, bundled_spec, messages) -> int:
 
 
 async def collect(stream) -> list[dict[str, Any]]:
+    """The chunks; the first batch is the empty "accepted" marker, every later one holds chunks."""
+    assert await anext(stream) == []
     chunks = []
     async for batch in stream:
         assert isinstance(batch, list) and batch, "batches are non-empty lists"
