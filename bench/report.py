@@ -34,6 +34,7 @@ def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "ttft_p50_ms": s["ttft_ms"]["p50"],
             "ttft_p95_ms": s["ttft_ms"]["p95"],
             "itl_p50_ms": s["itl_ms"]["p50"],
+            "gap_p99_ms": s["chunk_gap_ms"]["p99"],
             "failed_or_cut": s["n_failed"],
             "outcomes": s["outcomes"],
             "mean_completion_tokens": s["mean_completion_tokens"],
@@ -66,7 +67,7 @@ def ratios(table: list[dict[str, Any]], ours: str = "llamaray") -> list[dict[str
 
 def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
                  failures: dict[str, str] | None = None) -> str:
-    head = ("server", "conc", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
+    head = ("server", "conc", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "gap p99 ms",
             "failed/cut", "tokens from", "cores srv/gen/other")
     body = []
     for r in table:
@@ -75,10 +76,11 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
             bad = {k: v for k, v in r["outcomes"].items() if k != "ok"}
             cut += " (" + ", ".join(f"{k} {v}" for k, v in bad.items()) + ")"
         body.append((r["server"], str(r["concurrency"]), str(r["requests"]), _fmt(r["tokens_per_s"], ".1f"),
-                     _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["itl_p50_ms"], ".1f"), cut,
+                     _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["itl_p50_ms"], ".1f"),
+                     _fmt(r.get("gap_p99_ms")), cut,
                      str(r["completion_tokens_source"]), _cores(r.get("cpu"))))
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(c.ljust(w) if i in (0, 7, 8, 9) else c.rjust(w)  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) if i in (0, 8, 9, 10) else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     lines = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
     if ratio_rows:
@@ -86,12 +88,46 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
         for x in ratio_rows:
             lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{_fmt(x['tokens_per_s'], '.2f')}"
                          f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}")
+    checks = target_checks(table, ratio_rows)
+    if checks:
+        lines += ["", "targets (issue 13; same run, same slots):"]
+        lines += [f"  {'ok  ' if ok else 'FAIL'} {what}" for ok, what in checks]
     if any((r.get("cpu") or {}).get("other_cores", 0) > OTHER_LOAD_WARN for r in table):
         lines.append(f"\n! other processes used > {OTHER_LOAD_WARN} cores during a level marked '!': "
                      "its numbers are lower than on a quiet machine")
     for name, err in (failures or {}).items():
         lines.append(f"\n{name}: {err}")
     return "\n".join(lines)
+
+
+# llamaray against llama-server: tokens/s at least these ratios, TTFT p50 at most, per concurrency.
+TOKENS_RATIO = {1: 0.85, 16: 0.95}
+TTFT_RATIO = {1: 1.3}
+GAP_P99_MS = 250.0  # longest wait between two chunks of a generating stream (p99)
+
+
+def target_checks(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
+                  ours: str = "llamaray", peer: str = "llama-server") -> list[tuple[bool, str]]:
+    """(met, description) for each target this run can check: a regression check, not a test."""
+    out = []
+    for x in ratio_rows:
+        if x["peer"] != peer:
+            continue
+        c = x["concurrency"]
+        if c in TOKENS_RATIO and x["tokens_per_s"] is not None:
+            out.append((x["tokens_per_s"] >= TOKENS_RATIO[c],
+                        f"c={c} tok/s x{x['tokens_per_s']:.2f} of {peer} (>= {TOKENS_RATIO[c]})"))
+        if c in TTFT_RATIO and x["ttft_p50"] is not None:
+            out.append((x["ttft_p50"] <= TTFT_RATIO[c], f"c={c} TTFT p50 x{x['ttft_p50']:.2f} of {peer} "
+                                                        f"(<= {TTFT_RATIO[c]})"))
+    for r in table:
+        if r["server"] != ours:
+            continue
+        out.append((r["failed_or_cut"] == 0, f"c={r['concurrency']} failed or cut streams: {r['failed_or_cut']} (0)"))
+        if r.get("gap_p99_ms") is not None:
+            out.append((r["gap_p99_ms"] <= GAP_P99_MS, f"c={r['concurrency']} inter-chunk p99 "
+                                                       f"{r['gap_p99_ms']:.0f} ms (<= {GAP_P99_MS:.0f})"))
+    return out
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
