@@ -116,6 +116,10 @@ class AppArgs(BaseModel):
     models: list[ModelConfig] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    chat_processor: Literal["deployment", "ingress"] = Field(
+        "deployment", description="where prompts are rendered and replies shaped: a ChatProcessor deployment "
+                                  "of its own (scales apart from the Ingress: clusters), or inside the Ingress "
+                                  "replica (one Ray hop less for every streamed item: small machines)")
 
     @model_validator(mode="after")
     def _unique(self) -> "AppArgs":

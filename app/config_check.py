@@ -51,7 +51,10 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
     models = {deployment_name(m.id): m for m in args.models}
     for name in blocks:
-        if name not in models and name not in CORE_DEPLOYMENTS:
+        if name == "ChatProcessor" and args.chat_processor == "ingress":
+            problems.append("deployment 'ChatProcessor' has a block, but `chat_processor: ingress` runs its work "
+                            "inside the Ingress (no such deployment): remove the block (render-config does)")
+        elif name not in models and name not in CORE_DEPLOYMENTS:
             known = ", ".join([*CORE_DEPLOYMENTS, *models])
             problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
     options = {name: apply_block(defaults, blocks.get(name)) for name, defaults in CORE_DEPLOYMENTS.items()}

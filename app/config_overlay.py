@@ -37,3 +37,13 @@ def merge(base: Any, overlay: Any) -> Any:
                 out.append(copy.deepcopy(item))
         return out
     return copy.deepcopy(overlay)
+
+
+def without_unused_deployments(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with the `ChatProcessor` block dropped from each application whose args say
+    `chat_processor: ingress`: that app has no such deployment, and Serve refuses a block for one."""
+    out = copy.deepcopy(config)
+    for app in out.get("applications") or []:
+        if (app.get("args") or {}).get("chat_processor") == "ingress" and app.get("deployments"):
+            app["deployments"] = [d for d in app["deployments"] if d.get("name") != "ChatProcessor"]
+    return out

@@ -26,6 +26,7 @@ from typing import IO
 import httpx
 import yaml
 
+from app.ray_env import LOCAL_RAY_ENV
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -323,6 +324,7 @@ class LlamarayServer(Server):
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("RAY_ADDRESS", None)
+        env.update(LOCAL_RAY_ENV)  # as `make run` starts it
         env["RAY_TMPDIR"] = str(self.ray_tmp)
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         return env

@@ -27,5 +27,6 @@ def build_app(args: dict[str, Any]) -> Application:
         spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg)).bind(spec)
         for spec, cfg in zip(specs, parsed.models)
     }
-    processor = ChatProcessor.bind(specs, models, parsed.limits)
+    # chat_processor: ingress runs the ChatProcessor's work inside the Ingress (no deployment of its own).
+    processor = ChatProcessor.bind(specs, models, parsed.limits) if parsed.chat_processor == "deployment" else None
     return Ingress.bind(processor, specs, models, parsed.limits, parsed.auth)

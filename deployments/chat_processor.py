@@ -28,8 +28,9 @@ from .relay import relay
 from .replica import replica_info
 
 
-@serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
-class ChatProcessor:
+class Processing:
+    """The ChatProcessor's work as a plain object: a deployment of its own, or inside the Ingress."""
+
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits) -> None:
         self.models = {mid: h.options(stream=True) for mid, h in models.items()}
         observer = RayRequestObserver()
@@ -62,6 +63,11 @@ class ChatProcessor:
 
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         return await self.tokens.detokenize(request)
+
+
+@serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
+class ChatProcessor(Processing):
+    pass
 
 
 class HandleTokens:

@@ -24,6 +24,7 @@ from app.schemas import (
 )
 from app.server import ServerSettings, build_http_app, model_cards
 
+from .chat_processor import Processing
 from .errors import to_api_error
 from .placement import autoscaler_can_add_nodes, deployment_placement, node_resources
 from .relay import relay
@@ -35,10 +36,12 @@ logger = logging.getLogger("ray.serve")
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class Ingress:
-    def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], models: dict[str, DeploymentHandle],
+    def __init__(self, processor: DeploymentHandle | None, specs: list[ModelSpec], models: dict[str, DeploymentHandle],
                  limits: Limits, auth: AuthConfig) -> None:
+        # processor None: the ChatProcessor's work runs here, one Ray hop less per streamed item.
         self.processor = processor
-        self.stream_processor = processor.options(stream=True)
+        self.stream_processor = processor.options(stream=True) if processor is not None else None
+        self.local = Processing(specs, models, limits) if processor is None else None
         self.specs = specs
         self.models = models
         # Keys are read here, in the replica's own environment (env var or secret file).
@@ -64,39 +67,40 @@ class Ingress:
 
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
         self._check_placed(request.model)
-        try:
-            return await self.processor.complete.remote(request)
-        except Exception as exc:  # noqa: BLE001
-            raise to_api_error(exc) from None
+        return await self._call("complete", request)
 
     def stream(self, request: ChatCompletionRequest):
         self._check_placed(request.model)
-        return relay(self.stream_processor.stream.remote(request))
+        return self._stream("stream", request)
 
     async def text_complete(self, request: CompletionRequest) -> dict[str, Any]:
         self._check_placed(request.model)
-        try:
-            return await self.processor.text_complete.remote(request)
-        except Exception as exc:  # noqa: BLE001
-            raise to_api_error(exc) from None
+        return await self._call("text_complete", request)
 
     def text_stream(self, request: CompletionRequest):
         self._check_placed(request.model)
-        return relay(self.stream_processor.text_stream.remote(request))
+        return self._stream("text_stream", request)
 
     async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
         self._check_placed(request.model)
-        try:
-            return await self.processor.tokenize.remote(request)
-        except Exception as exc:  # noqa: BLE001
-            raise to_api_error(exc) from None
+        return await self._call("tokenize", request)
 
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         self._check_placed(request.model)
+        return await self._call("detokenize", request)
+
+    async def _call(self, method: str, request: Any) -> Any:
+        if self.local is not None:
+            return await getattr(self.local, method)(request)
         try:
-            return await self.processor.detokenize.remote(request)
+            return await getattr(self.processor, method).remote(request)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
+
+    def _stream(self, method: str, request: Any):
+        if self.local is not None:
+            return getattr(self.local, method)(request)
+        return relay(getattr(self.stream_processor, method).remote(request))
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()

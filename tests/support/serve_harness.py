@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from app.config_overlay import merge
+from app.config_overlay import merge, without_unused_deployments
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -33,7 +33,7 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
     for overlay in overlays:
         data = yaml.safe_load((ROOT / overlay).read_text()) if isinstance(overlay, str) else overlay
         config = merge(config, copy.deepcopy(data))
-    return config
+    return without_unused_deployments(config)
 
 
 class ServeCluster:
