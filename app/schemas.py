@@ -145,6 +145,20 @@ class ResponseFormat(_Model):
     json_schema: JSONSchemaFormat | None = None
 
 
+class _SamplingChecks(_Model):
+    """`stop` and `logit_bias` checks shared by the chat and the legacy completions request."""
+
+    @field_validator("stop", check_fields=False)
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return check_stop(v)
+
+    @field_validator("logit_bias", check_fields=False)
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return check_logit_bias(v)
+
+
 # ---- the request -------------------------------------------------------------------------------
 
 def check_stop(v: str | list[str] | None) -> str | list[str] | None:
@@ -171,7 +185,7 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-class ChatCompletionRequest(_Model):
+class ChatCompletionRequest(_SamplingChecks):
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -202,16 +216,6 @@ class ChatCompletionRequest(_Model):
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
     include_reasoning: bool | None = True
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(v)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(v)
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -331,7 +335,7 @@ MAX_CHOICES = 128
 """Most choices one legacy request may ask for: prompts × n."""
 
 
-class CompletionRequest(_Model):
+class CompletionRequest(_SamplingChecks):
     """`POST /v1/completions` (OpenAI's legacy route): the prompt is the model's input as it is, no template."""
 
     model: str = Field(min_length=1)
@@ -368,16 +372,6 @@ class CompletionRequest(_Model):
                 raise _Unsupported("prompt", "Token-id prompts are not supported: send the prompt as text "
                                              "(a string or a list of strings; POST /detokenize turns ids into text).")
         return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(v)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(v)
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:

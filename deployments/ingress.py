@@ -27,7 +27,7 @@ from app.server import ServerSettings, build_http_app, model_cards
 from .chat_processor import Processing
 from .errors import to_api_error
 from .placement import autoscaler_can_add_nodes, deployment_placement, node_resources
-from .relay import relay
+from .relay import relay, with_api_errors
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
@@ -90,16 +90,16 @@ class Ingress:
         return await self._call("detokenize", request)
 
     async def _call(self, method: str, request: Any) -> Any:
-        if self.local is not None:
-            return await getattr(self.local, method)(request)
         try:
+            if self.local is not None:
+                return await getattr(self.local, method)(request)
             return await getattr(self.processor, method).remote(request)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - Ray's failures (back-pressure, dead replicas) as OpenAI errors
             raise to_api_error(exc) from None
 
     def _stream(self, method: str, request: Any):
         if self.local is not None:
-            return getattr(self.local, method)(request)
+            return with_api_errors(getattr(self.local, method)(request))
         return relay(getattr(self.stream_processor, method).remote(request))
 
     def replica_info(self) -> dict[str, Any]:

@@ -18,3 +18,14 @@ async def relay(response: Any) -> AsyncIterator[Any]:
         raise to_api_error(exc) from None
     finally:
         response.cancel()
+
+
+async def with_api_errors(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """`events` (a local async generator that calls handles) with Ray's failures as OpenAI errors."""
+    try:
+        async for item in events:
+            yield item
+    except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError
+        raise to_api_error(exc) from None
+    finally:
+        await events.aclose()

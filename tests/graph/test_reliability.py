@@ -165,7 +165,7 @@ def test_overload_is_rejected_fast_and_accepted_requests_complete(rcluster):
     rejected = [r for r in results if r[0] != 200]
     assert ok and rejected, [r[0] for r in results]
     for status, elapsed, retry_after, body_ in rejected:
-        assert status == 503 and body_["error"]["code"] == "overloaded" and retry_after == "1"
+        assert status == 503 and body_["error"]["code"] == "overloaded" and retry_after == "1", (status, body_)
         assert elapsed < 5
     for _, _, _, body_ in ok:
         assert body_["usage"]["completion_tokens"] == 4
