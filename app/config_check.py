@@ -28,6 +28,7 @@ from .placement import (
     offloads,
     replica_request,
 )
+from .prefix_routing import ROUTER_KWARGS
 from .preflight import preflight
 
 
@@ -88,6 +89,11 @@ def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], bloc
         problems.append(f"{name}: its request_router_config names no request_router_class, so Ray Serve routes "
                         f"with its default router, not the prefix-aware one model {model.id!r} asks for "
                         f"(routing: prefix): add request_router_class: {PREFIX_ROUTER_CLASS}, or set routing: load")
+    if isinstance(router, dict) and router.get("request_router_class") == PREFIX_ROUTER_CLASS:
+        unknown = sorted(set(router.get("request_router_kwargs") or {}) - ROUTER_KWARGS)
+        if unknown:
+            problems.append(f"{name}: request_router_kwargs {', '.join(unknown)} are not settings of the prefix "
+                            f"router (known: {', '.join(sorted(ROUTER_KWARGS))})")
     replicas = block.get("num_replicas")
     if isinstance(replicas, int) and "autoscaling_config" not in block:
         problems.append(f"{name}: num_replicas: {replicas} has no effect: the builder gives model deployments an "

@@ -36,6 +36,10 @@ DEFAULT_MAX_CHARS = 1 << 20
 CHARS_PER_TOKEN = 4
 
 
+# The settings a deployment's request_router_kwargs may give PrefixRouter.
+ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbalance"})
+
+
 def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
     """Chained hashes of `text`'s whole blocks: the i-th stands for text[: (i + 1) * block_chars].
     A trailing partial block is left out. Python's str hash is salted per process, which is fine:

@@ -15,13 +15,16 @@ and ships it to the callers by value, so this module stays small and imports app
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from ray.util import metrics
 
 from app.engine.params import GenerationRequest
-from app.prefix_routing import PrefixRouter, ReplicaLoad
+from app.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
+
+logger = logging.getLogger("ray.serve")
 
 def prompt_of(pending_request: PendingRequest | None) -> str | None:
     """The rendered prompt of a `generate(GenerationRequest)` call; None for every other method
@@ -44,8 +47,14 @@ class PrefixAffinityRouter(RequestRouter):
     """
 
     def initialize_state(self, **kwargs: Any) -> None:
-        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/prefix_routing.py)
-        self.prefix = PrefixRouter(**kwargs)
+        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/prefix_routing.py).
+        # `llamaray check-config` refuses other keys; here they are only logged, since failing would fail
+        # every request of this handle.
+        unknown = sorted(set(kwargs) - ROUTER_KWARGS)
+        if unknown:
+            logger.error("llamaray: request_router_kwargs %s are not settings of the prefix router (known: %s); "
+                         "ignored", unknown, ", ".join(sorted(ROUTER_KWARGS)))
+        self.prefix = PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})
         self.decisions = metrics.Counter(
             "llamaray_route_decisions_total",
             "Model requests routed, by why the replica was chosen (prefix, load, busy).",
@@ -72,6 +81,11 @@ class PrefixAffinityRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Every candidate is in the ranks below: once they are tried, Serve should back off before
+            # asking again (its locality mixin sets this too; without it a full deployment is re-probed
+            # in a tight loop).
+            pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
         prompt = prompt_of(pending_request)

@@ -162,6 +162,10 @@ def test_a_router_block_without_a_class_drops_prefix_routing():
     assert check_config(_config(block={"request_router_config": {
         "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
         "request_router_kwargs": {"imbalance": 4}}})) == []
+    line = _one_problem(_config(block={"request_router_config": {
+        "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
+        "request_router_kwargs": {"imbalance": 4, "threshold": 2}}}))
+    assert "request_router_kwargs threshold are not settings of the prefix router" in line
 
 
 def test_a_model_without_a_block_is_checked_with_its_defaults():

@@ -97,9 +97,22 @@ def test_other_calls_and_a_single_replica_go_by_load():
     async def run():
         a, b = StandIn("a"), StandIn("b")
         router = await new_router(a, b)
-        assert names(await router.choose_replicas([a, b], pending("tokenize me"))) == [["a", "b"]]
+        other = pending("tokenize me")
+        assert names(await router.choose_replicas([a, b], other)) == [["a", "b"]]
+        assert other.routing_context.should_backoff  # all tried: Serve backs off before the next round
+        turn = gen(SYSTEM)
+        await router.choose_replicas([a, b], turn)
+        assert turn.routing_context.should_backoff
         assert names(await router.choose_replicas([a], gen(SYSTEM))) == [["a"]]
         assert await router.choose_replicas([], gen(SYSTEM)) == []
+
+    asyncio.run(run())
+
+
+def test_unknown_router_kwargs_are_ignored_not_fatal():
+    async def run():
+        router = await new_router(StandIn("a"), min_match_chars=512, threshold=3)
+        assert router.prefix.min_match_chars == 512
 
     asyncio.run(run())
 
