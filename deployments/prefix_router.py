@@ -26,6 +26,7 @@ from app.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 
 logger = logging.getLogger("ray.serve")
 
+
 def prompt_of(pending_request: PendingRequest | None) -> str | None:
     """The rendered prompt of a `generate(GenerationRequest)` call; None for every other method
     (tokenize, stats, replica_info), which go by load."""
@@ -100,6 +101,8 @@ class PrefixAffinityRouter(RequestRouter):
         return [[first], rest] if rest else [[first]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        # Serve calls this once the replica accepted the request (its rejection protocol, on for every
+        # handle but a Ray Client's); without it nothing is recorded and the router goes by load.
         prompt = prompt_of(pending_request)
         if prompt is not None:
             self._prefix().record(prompt, replica_id)

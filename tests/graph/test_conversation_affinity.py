@@ -47,7 +47,7 @@ def test_a_conversation_stays_on_the_replica_that_holds_its_prefix():
                 messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         prompts = [u["prompt_tokens"] for u in usage]
         cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
-        assert prompts[0] > 400, prompts  # a prefix long enough to route on
+        assert prompts[0] > 300, prompts  # a prefix long enough to route on
         assert cached[0] == 0, cached     # nobody had seen it
         for t in range(1, 4):
             # the previous turn's whole prompt (at least) was still in that replica's KV
