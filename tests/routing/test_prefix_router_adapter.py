@@ -58,9 +58,12 @@ async def new_router(*replicas: StandIn, **kwargs) -> PrefixAffinityRouter:
 
 
 def test_prompt_is_read_from_the_generation_request_only():
-    assert prompt_of(gen("hello")) == "hello"
-    assert prompt_of(pending("just text to tokenize")) is None
-    assert prompt_of(None) is None
+    async def run():  # a PendingRequest makes its future on the running loop
+        assert prompt_of(gen("hello")) == "hello"
+        assert prompt_of(pending("just text to tokenize")) is None
+        assert prompt_of(None) is None
+
+    asyncio.run(run())
 
 
 def test_a_conversation_sticks_to_its_replica_and_leaves_it_when_busy():
