@@ -6,7 +6,8 @@ llamaray is started on a Ray head with 2 logical GPUs (bench/serve_driver.py) fr
 + configs/local-cpu.yaml + configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4
 slots of 4096 tokens) + the model's `routing` key, then driven by loadtools/conversations.py: 8
 conversations x 6 turns, 4 conversations at a time, sharing a ~1,000-token system prompt, each turn
-sending the history back. Every request records its TTFT and usage.prompt_tokens_details.cached_tokens.
+sending the history back after a user's think time (`--think`, 1 s on average). Every request records
+its TTFT and usage.prompt_tokens_details.cached_tokens.
 
 Prints per router: the cache hit ratio (sum of cached / sum of prompt tokens), TTFT p50 / p95 and
 the follow-up turns' TTFT p50, with FAIL next to a missed goal (prefix router: hit ratio >= 0.8 and
@@ -97,6 +98,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4, help="conversations at a time")
     p.add_argument("--system-tokens", type=int, default=1000, help="about how long the shared system prompt is")
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--think", type=float, default=1.0,
+                   help="seconds a user waits before the next turn (times a seeded factor in [0.5, 1.5)); "
+                        "0: at once. Without it a closed loop of a few conversations keeps each on the "
+                        "replica it started on whatever the router (the one it just left is the less "
+                        "loaded), which is not how users arrive")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--quiet-wait", type=float, default=120.0,
@@ -122,7 +128,7 @@ async def drive(server: RouterBenchServer, ns: argparse.Namespace) -> dict[str, 
     t0 = time.perf_counter()
     results = await run_conversations(server.base_url, server.model, conversations=ns.conversations,
                                       turns=ns.turns, concurrency=ns.concurrency, system_prompt=system,
-                                      seed_base=SEED_BASE, **common)
+                                      seed_base=SEED_BASE, think_s=ns.think, **common)
     wall = time.perf_counter() - t0
     summary = summarize_turns(results)
     return {"router": server.routing, "summary": summary, "wall_s": round(wall, 1), "cpu": meter.read(),
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
             "workload": {"conversations": ns.conversations, "turns": ns.turns, "concurrency": ns.concurrency,
                          "system_prompt_chars": len(shared_system_prompt(ns.system_tokens)),
-                         "max_tokens": ns.max_tokens, "temperature": ns.temperature,
+                         "max_tokens": ns.max_tokens, "temperature": ns.temperature, "think_s": ns.think,
                          "seeds": f"{SEED_BASE} + 100 * conversation + turn",
                          "replicas": "2 x LlamaModel (1 logical GPU, 1 CPU, n_threads 1, n_seq_max 4, n_ctx 4096)"}}
     runs: dict[str, dict[str, Any]] = {}

@@ -4,7 +4,9 @@ clients do. What it measures per request: TTFT and how much of the prompt the se
 its KV cache (`usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens`).
 
 `run_conversations()` runs `conversations` conversations of `turns` turns, `concurrency` of them at
-a time (a conversation's turns are sequential: a turn starts when the previous reply has ended).
+a time (a conversation's turns are sequential: a turn starts when the previous reply has ended, after
+a think time of `think_s` seconds times a seeded random factor in [0.5, 1.5), as a user reads before
+answering; 0 sends it at once).
 Turn t of conversation c is seeded `seed_base + 100 * c + t`, so runs against different servers or
 routers send the same requests and, with the same seeds, get about the same replies.
 """
@@ -85,6 +87,7 @@ class TurnResult:
 async def run_conversations(base_url: str, model: str, *, conversations: int = 8, turns: int = 6,
                             concurrency: int = 4, max_tokens: int = 96, temperature: float = 0.7,
                             seed_base: int = 0, system_prompt: str | None = None, timeout_s: float = 300.0,
+                            think_s: float = 0.0,
                             first_conversation: int = 0,
                             on_result: Callable[[TurnResult], None] | None = None,
                             client: httpx.AsyncClient | None = None) -> list[TurnResult]:
@@ -103,7 +106,10 @@ async def run_conversations(base_url: str, model: str, *, conversations: int = 8
 
     async def converse(c: int) -> None:
         messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+        rng = random.Random(seed_base + 100 * c)
         for t in range(turns):
+            if t and think_s > 0:
+                await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
             messages.append({"role": "user", "content": user_message(c, t)})
             payload = chat_payload(model, "", max_tokens, temperature=temperature, seed=seed_base + 100 * c + t,
                                    extra={"messages": list(messages)})

@@ -126,6 +126,20 @@ def test_a_failed_turn_ends_its_conversation(monkeypatch):
     assert summarize_turns(results)["n_failed"] == 1
 
 
+def test_think_time_waits_between_turns_only():
+    import time
+
+    async def go(think):
+        async with ChatFake(delay=0.0) as fake:
+            t0 = time.perf_counter()
+            await run_conversations(fake.url, "m", conversations=1, turns=3, think_s=think)
+            return time.perf_counter() - t0
+
+    quick, thinking = asyncio.run(go(0.0)), asyncio.run(go(0.4))
+    assert thinking - quick >= 2 * 0.4 * 0.5 - 0.05  # two pauses (none before the first turn), each >= 0.2 s
+    assert thinking - quick < 2 * 0.4 * 1.5 + 0.5
+
+
 def test_summary_without_cache_reports():
     r = TurnResult(0, 0, "ok", 0.1, 0.2, 50, None, 3)
     assert summarize_turns([r])["cache_hit_ratio"] is None
