@@ -156,6 +156,7 @@ def summarize_turns(results: Sequence[TurnResult]) -> dict[str, Any]:
         "cache_hit_ratio": cached / prompt if prompt else None,
         "ttft_p50_ms": ms(ttft, 50),
         "ttft_p95_ms": ms(ttft, 95),
+        "ttft_mean_ms": sum(ttft) / len(ttft) * 1000 if ttft else None,
         "followup_ttft_p50_ms": ms(later, 50),
         "errors": sorted({r.error for r in results if r.error})[:5],
     }

@@ -108,6 +108,7 @@ def test_summary_ratio_and_ttft():
     assert (s["n_requests"], s["n_failed"], s["prompt_tokens"], s["cached_tokens"]) == (6, 0, 600, 300)
     assert s["cache_hit_ratio"] == pytest.approx(0.5)
     assert 50 <= s["ttft_p50_ms"] < 1000 and s["ttft_p95_ms"] >= s["ttft_p50_ms"]
+    assert 50 <= s["ttft_mean_ms"] <= s["ttft_p95_ms"] + 1
 
 
 def test_a_failed_turn_ends_its_conversation(monkeypatch):
