@@ -46,7 +46,7 @@ test-slow: $(STAMP)
 
 # llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
 # threads and llama.cpp version (python -m bench --help), then the router comparison (bench-router
-# below). Takes ~15 minutes and loads every core;
+# below). Takes ~17 minutes and loads every core;
 # the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
 # build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
 bench: $(STAMP)
@@ -56,7 +56,7 @@ bench: $(STAMP)
 	$(PY) -m bench.router
 
 # The prefix-aware request router vs Serve's default on a multi-turn chat workload over two model
-# replicas on logical GPUs (python -m bench.router --help; ~4 minutes, part of `make bench`).
+# replicas on logical GPUs (python -m bench.router --help; ~7 minutes, part of `make bench`).
 # Writes bench-results/router.json.
 bench-router: $(STAMP)
 	$(PY) -m bench.router
