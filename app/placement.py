@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from .config import ModelConfig
+from .prefix_routing import max_chars_for
 
 # Code defaults of the two CPU deployments (their @serve.deployment decorators use these).
 INGRESS_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0.1}, "max_ongoing_requests": 256}
@@ -19,6 +20,9 @@ CORE_DEPLOYMENTS = {"Ingress": INGRESS_DEFAULTS, "ChatProcessor": CHAT_PROCESSOR
 
 # A model deployment without its own block scales between 1 and this many replicas.
 DEFAULT_MAX_REPLICAS = 4
+# The model deployments' request router (deployments/prefix_router.py) for `routing: prefix`, by the
+# import path Ray Serve resolves (a string: app/ never imports ray or deployments/).
+PREFIX_ROUTER_CLASS = "deployments.prefix_router:PrefixAffinityRouter"
 # What Ray Serve reserves for a replica whose ray_actor_options name no num_cpus.
 RAY_DEFAULT_NUM_CPUS = 1.0
 
@@ -39,14 +43,24 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
       serve_config.yaml does) rather than have every model buy one;
     - `num_cpus`: `n_threads` when set, else 1 (and the replica then runs 1 thread);
     - `max_ongoing_requests` = `n_seq_max` (the slots), so extra requests wait in Serve's queue;
-    - autoscaling between 1 and DEFAULT_MAX_REPLICAS replicas at about 3/4 of the slots busy.
+    - autoscaling between 1 and DEFAULT_MAX_REPLICAS replicas at about 3/4 of the slots busy;
+    - with `routing: prefix` (the default), the prefix-aware request router, its records bounded by
+      what one replica's slots hold (`n_seq_max` prompts of `n_ctx` tokens). Always, not only when
+      `max_replicas` > 1: autoscaling adds replicas at run time, and with one replica the router
+      costs a hash of the prompt per request (it skips the choice itself).
     """
-    return {
+    options: dict[str, Any] = {
         "max_ongoing_requests": cfg.n_seq_max,
         "autoscaling_config": {"min_replicas": 1, "max_replicas": DEFAULT_MAX_REPLICAS,
                                "target_ongoing_requests": max(1, math.ceil(cfg.n_seq_max * 3 / 4))},
         "ray_actor_options": {"num_cpus": float(cfg.n_threads or 1), "num_gpus": 1 if offloads(cfg) else 0},
     }
+    if cfg.routing == "prefix":
+        options["request_router_config"] = {
+            "request_router_class": PREFIX_ROUTER_CLASS,
+            "request_router_kwargs": {"max_chars": max_chars_for(cfg.n_seq_max, cfg.n_ctx)},
+        }
+    return options
 
 
 def apply_block(defaults: dict[str, Any], block: dict[str, Any] | None) -> dict[str, Any]:

@@ -302,9 +302,10 @@ class LlamarayServer(Server):
     name = "llamaray"
     start_timeout_s = 300.0
     overlays = ("configs/local-cpu.yaml", "configs/bench.yaml")
+    config_file = "serve_bench.yaml"   # the rendered config, under build/
 
     def prepare(self) -> None:
-        self.config_path = ROOT / "build" / "serve_bench.yaml"
+        self.config_path = ROOT / "build" / self.config_file
         _run_cli([VENV_BIN / "llamaray", "render-config", "serve_config.yaml",
                   *[a for o in self.overlays for a in ("--overlay", o)], "-o", self.config_path])
         _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])

@@ -95,9 +95,11 @@ class RequestResult:
     completion_tokens: int = 0
     tokens_from_usage: bool = False
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
     finish_reason: str | None = None
     got_done: bool = False
     text_chars: int = 0
+    text: str = ""  # the content itself, only when asked for (keep_text: multi-turn workloads)
 
     @property
     def ok(self) -> bool:
@@ -151,11 +153,13 @@ def chat_payload(model: str, prompt: str, max_tokens: int, *, temperature: float
 
 async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict[str, Any], *,
                       index: int = 0, prompt_index: int = 0,
-                      on_start: Callable[[RequestResult], None] | None = None) -> RequestResult:
+                      on_start: Callable[[RequestResult], None] | None = None,
+                      keep_text: bool = False) -> RequestResult:
     """Send one streaming chat request to `url` (the full .../chat/completions URL) and measure it.
     Never raises for server or network failures: they become the result's `outcome`.
     `on_start` gets the result object before the request is sent; it is filled in place as chunks
-    arrive (`ttft_s`, `content_times`), so live displays can read a stream still running."""
+    arrive (`ttft_s`, `content_times`), so live displays can read a stream still running.
+    `keep_text` keeps the streamed content in `text` (to send it back in a conversation's next turn)."""
     res = RequestResult(index=index, prompt_index=prompt_index, start=time.perf_counter())
     if on_start is not None:
         on_start(res)
@@ -191,6 +195,8 @@ async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict[str, An
                             res.ttft_s = now - res.start
                         res.content_times.append(now - res.start)
                         res.text_chars += len(content)
+                        if keep_text:
+                            res.text += content
                         n_deltas += 1
                     if choice.get("finish_reason"):
                         res.finish_reason = choice["finish_reason"]
@@ -199,6 +205,9 @@ async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict[str, An
                     usage_tokens = int(usage["completion_tokens"])
                     if usage.get("prompt_tokens") is not None:
                         res.prompt_tokens = int(usage["prompt_tokens"])
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                        res.cached_tokens = int(details["cached_tokens"])
     except httpx.TimeoutException as exc:
         res.outcome, res.error = "timeout", f"{type(exc).__name__}: {exc}"
     except (httpx.HTTPError, OSError) as exc:

@@ -48,6 +48,17 @@ def test_defaults_reserve_a_gpu_only_for_an_explicit_offload():
         assert opts["ray_actor_options"] == {"num_cpus": 3.0, "num_gpus": 0}, layers
 
 
+def test_defaults_route_by_prefix_with_records_the_size_of_the_slots():
+    opts = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048))
+    assert opts["request_router_config"] == {
+        "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
+        "request_router_kwargs": {"max_chars": 4 * 2048 * 4}}
+    # routing: load leaves Serve's default router (power of two choices)
+    assert "request_router_config" not in model_deployment_defaults(ModelConfig(id="m", model_path="x", routing="load"))
+    with pytest.raises(ValueError):
+        ModelConfig(id="m", model_path="x", routing="random")
+
+
 def test_a_yaml_block_replaces_each_key_it_names_whole():
     defaults = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_gpu_layers=-1, n_seq_max=8))
     opts = apply_block(defaults, {"name": "LlamaModel-m", "max_ongoing_requests": 2,
@@ -141,6 +152,20 @@ def test_more_ongoing_requests_than_slots():
 def test_num_replicas_without_autoscaling_config():
     line = _one_problem(_config(block={"autoscaling_config": None, "num_replicas": 2}))
     assert "num_replicas: 2 has no effect" in line and "{min_replicas: 2, max_replicas: 2}" in line
+
+
+def test_a_router_block_without_a_class_drops_prefix_routing():
+    line = _one_problem(_config(block={"request_router_config": {"request_routing_stats_period_s": 5}}))
+    assert "names no request_router_class" in line and "deployments.prefix_router:PrefixAffinityRouter" in line
+    assert check_config(_config(model={"routing": "load"},
+                                block={"request_router_config": {"request_routing_stats_period_s": 5}})) == []
+    assert check_config(_config(block={"request_router_config": {
+        "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
+        "request_router_kwargs": {"imbalance": 4}}})) == []
+    line = _one_problem(_config(block={"request_router_config": {
+        "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
+        "request_router_kwargs": {"imbalance": 4, "threshold": 2}}}))
+    assert "request_router_kwargs threshold are not settings of the prefix router" in line
 
 
 def test_a_model_without_a_block_is_checked_with_its_defaults():

@@ -1,0 +1,200 @@
+"""Prefix-aware choice of a model replica, as plain data (no Ray): which replica most likely still holds
+the KV of the longest prefix of a prompt, and when load matters more than that.
+
+Each model replica keeps the KV of recent prompts in its slots, and a new prompt reuses the longest
+common token prefix any slot holds (app/engine/engine.py `_place`). A router that sends the next turn
+of a conversation, or the next request with the same long system prompt, to the replica that served
+the last one lets that replica skip the prefix's prefill.
+
+What a replica holds is not asked of it: the router remembers what it sent where. A prompt's text is
+cut into blocks of `block_chars` characters, each block's hash chained to the one before it, so a
+block hash stands for the whole prefix up to it. A replica's record is a bounded LRU set of such
+hashes; the prefix a replica holds of a new prompt is the run of its leading block hashes found in
+the record. Characters, not tokens: the rendered prompt is what the router has in hand (tokenizing
+there would cost more than the choice is worth), and a common character prefix is a common token
+prefix up to the last token or two.
+
+The record is an estimate: a replica's slots hold about `n_seq_max` prompts and overwrite them as new
+ones come, so the bound (`max_chars` per replica) should be about what its slots can hold
+(`n_seq_max * n_ctx` tokens at a few characters a token). A wrong guess costs a cache miss, never a
+wrong answer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# Prefixes shorter than this are not worth a less loaded replica: every chat prompt starts with its
+# template's fixed header (e.g. a default system line), and recomputing a few dozen tokens is cheap.
+DEFAULT_MIN_MATCH_CHARS = 256
+DEFAULT_BLOCK_CHARS = 64
+DEFAULT_MAX_CHARS = 1 << 20
+# About how many characters one token of English text spans (for the records' default bound).
+CHARS_PER_TOKEN = 4
+
+
+# The settings a deployment's request_router_kwargs may give PrefixRouter.
+ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbalance"})
+
+
+def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
+    """Chained hashes of `text`'s whole blocks: the i-th stands for text[: (i + 1) * block_chars].
+    A trailing partial block is left out. Python's str hash is salted per process, which is fine:
+    a record lives and is read in one process."""
+    out: list[int] = []
+    h = 0
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        h = hash((h, text[start:start + block_chars]))
+        out.append(h)
+    return out
+
+
+class PrefixRecord:
+    """The prefixes sent to one replica: a set of chained block hashes, least recently used first
+    out once it holds `max_blocks`."""
+
+    def __init__(self, max_blocks: int) -> None:
+        if max_blocks < 1:
+            raise ValueError("max_blocks must be at least 1")
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of a prompt (its `block_hashes`) this replica was sent."""
+        n = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            n += 1
+        return n
+
+    def add(self, hashes: Sequence[int]) -> None:
+        # Touched last block first, so a prompt's head is its most recently used part and is evicted
+        # last: a record never keeps a tail whose head it has lost (the match walks from the head).
+        for h in reversed(hashes):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What the caller knows of a replica's load: requests it runs now (None: not known) and the
+    most it takes (its max_ongoing_requests)."""
+
+    ongoing: int | None
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A routing decision: `order` is every replica, best first (`order[0]` is the choice);
+    `reason` is `prefix` (the replica holding the longest prefix), `load` (no prefix worth it: the
+    least loaded) or `busy` (the replica with the prefix is too loaded: the least loaded instead);
+    `matched_chars` is the prefix the chosen replica holds, as far as the router knows."""
+
+    order: list[Hashable]
+    reason: str
+    matched_chars: int
+
+    @property
+    def replica(self) -> Hashable:
+        return self.order[0]
+
+
+class PrefixRouter:
+    """Per-replica prefix records and the choice made from them.
+
+    - The replica holding the longest known prefix of the prompt (at least `min_match_chars`) is
+      chosen, unless it is busy: full (ongoing >= capacity) or running `imbalance` or more requests
+      above the least loaded replica (default: half its capacity, at least 2).
+    - Otherwise (no such prefix, or busy) the least loaded replica; ties go to the longer prefix,
+      then to the smaller record (a replica with less cached spreads new prefixes), then at random.
+    - Replicas with an unknown load count as idle (the caller should ask them first when it can).
+    """
+
+    def __init__(self, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_chars: int = DEFAULT_MAX_CHARS,
+                 min_match_chars: int = DEFAULT_MIN_MATCH_CHARS, imbalance: int | None = None,
+                 rng: random.Random | None = None) -> None:
+        if block_chars < 1:
+            raise ValueError("block_chars must be at least 1")
+        if imbalance is not None and imbalance < 1:
+            raise ValueError("imbalance must be at least 1")
+        self.block_chars = block_chars
+        self.max_blocks = max(1, max_chars // block_chars)
+        self.min_match_chars = min_match_chars
+        self.imbalance = imbalance
+        self.rng = rng or random.Random()
+        self.records: dict[Hashable, PrefixRecord] = {}
+
+    # -- records ---------------------------------------------------------------------------------
+    def record_of(self, replica: Hashable) -> PrefixRecord:
+        rec = self.records.get(replica)
+        if rec is None:
+            rec = self.records[replica] = PrefixRecord(self.max_blocks)
+        return rec
+
+    def record(self, prompt: str, replica: Hashable) -> None:
+        """`prompt` was sent to `replica` (call it once the replica accepted the request)."""
+        self.record_of(replica).add(block_hashes(prompt, self.block_chars))
+
+    def sync(self, replicas: Iterable[Hashable]) -> None:
+        """The live replicas are `replicas`: new ones get an empty record, vanished ones are forgotten."""
+        live = set(replicas)
+        for gone in [r for r in self.records if r not in live]:
+            del self.records[gone]
+        for r in live:
+            self.record_of(r)
+
+    def forget(self, replica: Hashable) -> None:
+        self.records.pop(replica, None)
+
+    def matched_chars(self, prompt: str, replica: Hashable) -> int:
+        rec = self.records.get(replica)
+        return rec.match(block_hashes(prompt, self.block_chars)) * self.block_chars if rec else 0
+
+    # -- the choice ------------------------------------------------------------------------------
+    def _busy(self, load: ReplicaLoad, least: int) -> bool:
+        ongoing = load.ongoing or 0
+        if ongoing >= load.capacity:
+            return True
+        threshold = self.imbalance if self.imbalance is not None else max(2, load.capacity // 2)
+        return ongoing - least >= threshold
+
+    def choose(self, prompt: str, loads: Mapping[Hashable, ReplicaLoad]) -> Choice:
+        """Where to send `prompt`, among the replicas of `loads` (at least one)."""
+        if not loads:
+            raise ValueError("no replica to choose from")
+        hashes = block_hashes(prompt, self.block_chars)
+        matched = {}
+        for r in loads:
+            rec = self.records.get(r)
+            matched[r] = rec.match(hashes) * self.block_chars if rec else 0
+        ongoing = {r: (load.ongoing or 0) for r, load in loads.items()}
+        size = {r: len(self.records[r]) if r in self.records else 0 for r in loads}
+        jitter = {r: self.rng.random() for r in loads}
+        # A full replica is never "least loaded" while another has room.
+        open_ = [r for r, load in loads.items() if ongoing[r] < load.capacity] or list(loads)
+        least = min(ongoing[r] for r in open_)
+
+        by_prefix = max(loads, key=lambda r: (matched[r], -ongoing[r], -size[r], jitter[r]))
+        by_load = sorted(loads, key=lambda r: (ongoing[r] >= loads[r].capacity, ongoing[r], -matched[r],
+                                               size[r], jitter[r]))
+        if matched[by_prefix] >= self.min_match_chars and matched[by_prefix] > 0:
+            if not self._busy(loads[by_prefix], least):
+                rest = [r for r in by_load if r != by_prefix]
+                return Choice([by_prefix, *rest], "prefix", matched[by_prefix])
+            return Choice(by_load, "busy", matched[by_load[0]])
+        return Choice(by_load, "load", matched[by_load[0]])
+
+
+def max_chars_for(n_seq_max: int, n_ctx: int) -> int:
+    """A record bound matching what one replica's slots hold: `n_seq_max` sequences of `n_ctx` tokens."""
+    return n_seq_max * n_ctx * CHARS_PER_TOKEN

@@ -1,0 +1,116 @@
+"""The LlamaModel deployments' request router: Ray Serve's public RequestRouter API around the prefix
+choice of app/prefix_routing.py.
+
+Serve builds one router per deployment handle, inside the caller's process (here the ChatProcessor
+replica that streams from the model, and the Ingress for its health and stats calls), so the prefix
+records are per caller. With one ChatProcessor replica they see every prompt. With several, each
+learns only from the prompts it sent: a conversation whose turns reach different ChatProcessors may
+land on different model replicas (still correct, fewer cache hits); a shared system prompt is
+learned by each of them after its first request.
+
+Configured per deployment by `request_router_config` (the builder sets it from the model's `routing`
+key; a `deployments:` block in the serve config may replace it). Serve imports the class by its path
+and ships it to the callers by value, so this module stays small and imports app/ by reference.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.util import metrics
+
+from app.engine.params import GenerationRequest
+from app.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
+
+logger = logging.getLogger("ray.serve")
+
+
+def prompt_of(pending_request: PendingRequest | None) -> str | None:
+    """The rendered prompt of a `generate(GenerationRequest)` call; None for every other method
+    (tokenize, stats, replica_info), which go by load."""
+    if pending_request is None:
+        return None
+    for arg in (*pending_request.args, *pending_request.kwargs.values()):
+        if isinstance(arg, GenerationRequest):
+            return arg.prompt
+    return None
+
+
+class PrefixAffinityRouter(RequestRouter):
+    """Sends a prompt to the replica most likely holding the KV of its longest prefix, unless that
+    replica is busy; everything else (and a busy preferred replica) to the least loaded replica.
+
+    `choose_replicas` returns ranks: [[preferred], [the rest, best first]]; Serve tries the first rank
+    (the replica may still reject a request when full) and then the next, picking the least loaded in
+    a rank. Records are updated only once a replica has accepted a request (`on_request_routed`).
+    """
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/prefix_routing.py).
+        # `llamaray check-config` refuses other keys; here they are only logged, since failing would fail
+        # every request of this handle.
+        unknown = sorted(set(kwargs) - ROUTER_KWARGS)
+        if unknown:
+            logger.error("llamaray: request_router_kwargs %s are not settings of the prefix router (known: %s); "
+                         "ignored", unknown, ", ".join(sorted(ROUTER_KWARGS)))
+        self.prefix = PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})
+        self.decisions = metrics.Counter(
+            "llamaray_route_decisions_total",
+            "Model requests routed, by why the replica was chosen (prefix, load, busy).",
+            tag_keys=("deployment", "reason"))
+        self._deployment = self._deployment_id.name
+
+    def _prefix(self) -> PrefixRouter:
+        # Serve calls initialize_state right after construction; this covers a router built without it.
+        if not hasattr(self, "prefix"):
+            self.initialize_state()
+        return self.prefix
+
+    async def _loads(self, candidates: list[RunningReplica]) -> dict[ReplicaID, ReplicaLoad]:
+        """Each candidate's ongoing requests: from the handle's queue-length cache (kept fresh by every
+        request it sends and every answer it gets), asking the replicas missing from it."""
+        cache = self.replica_queue_len_cache
+        ongoing: dict[ReplicaID, int | None] = {r.replica_id: cache.get(r.replica_id) for r in candidates}
+        missing = [r for r in candidates if ongoing[r.replica_id] is None]
+        if missing:
+            # The same probe Serve's own routers use (a protected method of the pinned Ray 2.60).
+            for replica, queue_len in await self._probe_queue_lens(missing, 0):
+                ongoing[replica.replica_id] = queue_len
+        return {r.replica_id: ReplicaLoad(ongoing[r.replica_id], r.max_ongoing_requests) for r in candidates}
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Every candidate is in the ranks below: once they are tried, Serve should back off before
+            # asking again (its locality mixin sets this too; without it a full deployment is re-probed
+            # in a tight loop).
+            pending_request.routing_context.should_backoff = True
+        if not candidate_replicas:
+            return []
+        prompt = prompt_of(pending_request)
+        if prompt is None or len(candidate_replicas) == 1:
+            # Not a generation, or nothing to choose: Serve takes the least loaded of the rank.
+            return [candidate_replicas]
+        loads = await self._loads(candidate_replicas)
+        choice = self._prefix().choose(prompt, loads)
+        self.decisions.inc(1, {"deployment": self._deployment, "reason": choice.reason})
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        first, rest = by_id[choice.replica], [by_id[rid] for rid in choice.order[1:]]
+        return [[first], rest] if rest else [[first]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        # Serve calls this once the replica accepted the request (its rejection protocol, on for every
+        # handle but a Ray Client's); without it nothing is recorded and the router goes by load.
+        prompt = prompt_of(pending_request)
+        if prompt is not None:
+            self._prefix().record(prompt, replica_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._prefix().sync(r.replica_id for r in replicas)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._prefix().forget(replica_id)

@@ -1,0 +1,135 @@
+"""The Ray Serve adapter (deployments/prefix_router.py) driven the way Serve's handle drives a
+RequestRouter, with stand-in replicas (no Ray cluster): the prompt is read from the pending
+GenerationRequest, loads come from the handle's queue-length cache or a probe, ranks come back best
+first, and records follow the replicas Serve reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray")
+
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata  # noqa: E402
+from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
+
+from app.engine.params import GenerationRequest  # noqa: E402
+from deployments.prefix_router import PrefixAffinityRouter, prompt_of  # noqa: E402
+
+DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
+SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range(60))
+
+
+class StandIn:
+    """What a router reads of a RunningReplica, plus the probe it answers."""
+
+    def __init__(self, name: str, ongoing: int = 0, capacity: int = 4) -> None:
+        self.replica_id = ReplicaID(unique_id=name, deployment_id=DEP)
+        self.ongoing, self.max_ongoing_requests, self.probes = ongoing, capacity, 0
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        self.probes += 1
+        return self.ongoing
+
+
+def pending(arg, n: int = 0) -> PendingRequest:
+    return PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata(request_id=str(n), internal_request_id=str(n)))
+
+
+def gen(prompt: str) -> PendingRequest:
+    return pending(GenerationRequest(request_id="r", prompt=prompt))
+
+
+def names(ranks) -> list[list[str]]:
+    return [[r.replica_id.unique_id for r in rank] for rank in ranks]
+
+
+async def new_router(*replicas: StandIn, **kwargs) -> PrefixAffinityRouter:
+    router = PrefixAffinityRouter(deployment_id=DEP, handle_source=DeploymentHandleSource.REPLICA,
+                                  use_replica_queue_len_cache=True)
+    router.initialize_state(**kwargs)
+    router.update_replicas(list(replicas))
+    for _ in range(200):  # let the probe that update_replicas starts fill the cache
+        if all(router.replica_queue_len_cache.get(r.replica_id) is not None for r in replicas):
+            break
+        await asyncio.sleep(0.005)
+    return router
+
+
+def test_prompt_is_read_from_the_generation_request_only():
+    async def run():  # a PendingRequest makes its future on the running loop
+        assert prompt_of(gen("hello")) == "hello"
+        assert prompt_of(pending("just text to tokenize")) is None
+        assert prompt_of(None) is None
+
+    asyncio.run(run())
+
+
+def test_a_conversation_sticks_to_its_replica_and_leaves_it_when_busy():
+    async def run():
+        a, b = StandIn("a", ongoing=1), StandIn("b", ongoing=0)
+        router = await new_router(a, b, min_match_chars=128)
+        turn1 = SYSTEM + "user: first question"
+        # nothing known yet: the less loaded replica, the other as the fallback rank
+        assert names(await router.choose_replicas([a, b], gen(turn1))) == [["b"], ["a"]]
+        router.on_request_routed(gen(turn1), a.replica_id, None)  # Serve placed it on a after all
+        turn2 = turn1 + " assistant: an answer. user: second question"
+        assert names(await router.choose_replicas([a, b], gen(turn2))) == [["a"], ["b"]]
+        # a is full as far as the handle knows: b first
+        router.replica_queue_len_cache.update(a.replica_id, 4)
+        assert names(await router.choose_replicas([a, b], gen(turn2))) == [["b"], ["a"]]
+
+    asyncio.run(run())
+
+
+def test_unknown_loads_are_probed():
+    async def run():
+        a, b = StandIn("a", ongoing=3), StandIn("b", ongoing=1)
+        router = await new_router(a, b)
+        router.replica_queue_len_cache.invalidate_key(a.replica_id)
+        router.replica_queue_len_cache.invalidate_key(b.replica_id)
+        before = a.probes
+        assert names(await router.choose_replicas([a, b], gen("x" * 500))) == [["b"], ["a"]]
+        assert a.probes == before + 1
+
+    asyncio.run(run())
+
+
+def test_other_calls_and_a_single_replica_go_by_load():
+    async def run():
+        a, b = StandIn("a"), StandIn("b")
+        router = await new_router(a, b)
+        other = pending("tokenize me")
+        assert names(await router.choose_replicas([a, b], other)) == [["a", "b"]]
+        assert other.routing_context.should_backoff  # all tried: Serve backs off before the next round
+        turn = gen(SYSTEM)
+        await router.choose_replicas([a, b], turn)
+        assert turn.routing_context.should_backoff
+        assert names(await router.choose_replicas([a], gen(SYSTEM))) == [["a"]]
+        assert await router.choose_replicas([], gen(SYSTEM)) == []
+
+    asyncio.run(run())
+
+
+def test_unknown_router_kwargs_are_ignored_not_fatal():
+    async def run():
+        router = await new_router(StandIn("a"), min_match_chars=512, threshold=3)
+        assert router.prefix.min_match_chars == 512
+
+    asyncio.run(run())
+
+
+def test_records_follow_the_replicas_serve_reports():
+    async def run():
+        a, b, c = StandIn("a"), StandIn("b"), StandIn("c")
+        router = await new_router(a, b, min_match_chars=128)
+        router.on_request_routed(gen(SYSTEM), a.replica_id, None)
+        assert router.prefix.matched_chars(SYSTEM, a.replica_id) > 0
+        router.update_replicas([b, c])  # a went away, c came
+        assert set(router.prefix.records) == {b.replica_id, c.replica_id}
+        router.on_request_routed(gen(SYSTEM), b.replica_id, None)
+        router.on_replica_actor_died(b.replica_id)
+        assert set(router.prefix.records) == {c.replica_id}
+
+    asyncio.run(run())
