@@ -15,9 +15,10 @@ from loadtools.conversations import (
     summarize_turns,
     user_message,
 )
+from tests.support.fake_server import LocalServer
 
 
-class ChatFake:
+class ChatFake(LocalServer):
     """One request per connection. The reply names the request; usage says 100 prompt tokens, 75 of
     them cached after the first turn. A user message containing 'FAIL' gets a 500."""
 
@@ -25,15 +26,6 @@ class ChatFake:
         self.requests: list[dict] = []
         self.delay = delay
         self.active = self.most_active = 0
-
-    async def __aenter__(self) -> "ChatFake":
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.active += 1

@@ -16,6 +16,7 @@ from loadtools.loadgen import (
     run_closed_loop,
     summarize,
 )
+from tests.support.fake_server import LocalServer
 
 FIRST_DELAY = 0.20   # s before the first content chunk
 GAP = 0.05           # s between content chunks
@@ -60,20 +61,11 @@ def script(scenario: str, include_usage: bool) -> list[tuple[float, object]]:
     raise AssertionError(scenario)
 
 
-class FakeServer:
+class FakeServer(LocalServer):
     """HTTP/1.1, one request per connection, `Connection: close`; the user message picks the scenario."""
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
-
-    async def __aenter__(self) -> "FakeServer":
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

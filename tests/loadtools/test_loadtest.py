@@ -32,6 +32,7 @@ from loadtools.loadtest.workload import (
     run_closed,
     run_open,
 )
+from tests.support.fake_server import LocalServer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LLAMA = "llamaray/LlamaModel-smollm2-135m"
@@ -449,7 +450,7 @@ def test_open_loop_runs_a_trailing_pause():
 
 # ---------------------------------------------------------------- fake OpenAI server + dashboard
 
-class FakeServer:
+class FakeServer(LocalServer):
     """Streams `n_chunks` content chunks `gap` s apart per chat request (HTTP/1.1, Connection:
     close); answers GET /v1/models and GET /api/serve/applications/ (SAMPLE). Requests whose
     seed % fail_every == fail_every - 1 get a 503. Records (time, streams active) per request."""
@@ -459,15 +460,6 @@ class FakeServer:
         self.active = 0
         self.starts: list[tuple[float, int]] = []
         self.dashboard_hits = 0
-
-    async def __aenter__(self) -> "FakeServer":
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
-        await self.server.wait_closed()
 
     @staticmethod
     def _reply(writer: asyncio.StreamWriter, status: str, body: bytes) -> None:
