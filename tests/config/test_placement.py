@@ -49,7 +49,8 @@ def test_defaults_reserve_a_gpu_only_for_an_explicit_offload():
 
 
 def test_defaults_route_by_prefix_with_records_the_size_of_the_slots():
-    opts = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048))
+    assert ModelConfig(id="m", model_path="x").routing == "load"  # opt-in (app/config.py says why)
+    opts = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048, routing="prefix"))
     assert opts["request_router_config"] == {
         "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
         "request_router_kwargs": {"max_chars": 4 * 2048 * 4}}
@@ -155,7 +156,8 @@ def test_num_replicas_without_autoscaling_config():
 
 
 def test_a_router_block_without_a_class_drops_prefix_routing():
-    line = _one_problem(_config(block={"request_router_config": {"request_routing_stats_period_s": 5}}))
+    line = _one_problem(_config(model={"routing": "prefix"},
+                                block={"request_router_config": {"request_routing_stats_period_s": 5}}))
     assert "names no request_router_class" in line and "deployments.prefix_router:PrefixAffinityRouter" in line
     assert check_config(_config(model={"routing": "load"},
                                 block={"request_router_config": {"request_routing_stats_period_s": 5}})) == []

@@ -23,7 +23,8 @@ def test_a_conversation_stays_on_the_replica_that_holds_its_prefix():
 
     config = load_config("configs/local-cpu.yaml", {"applications": [{
         "name": "llamaray",
-        "args": {"models": [{"id": MODEL, "n_ctx": 2048, "n_seq_max": 2, "n_threads": 1, "n_gpu_layers": "auto"}]},
+        "args": {"models": [{"id": MODEL, "n_ctx": 2048, "n_seq_max": 2, "n_threads": 1, "n_gpu_layers": "auto",
+                               "routing": "prefix"}]},
         "deployments": [{"name": deployment_name(MODEL), "max_ongoing_requests": 2,
                          "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
                          "ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}],
