@@ -39,7 +39,7 @@ class Processing:
         self.tokens = TokenService(specs, HandleTokens(models), limits=limits)
 
     def _open_stream(self, model_id: str, request: GenerationRequest):
-        return relay(self.models[model_id].generate.remote(request))
+        return relay(lambda: self.models[model_id].generate.remote(request))
 
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
         return await self.service.complete(request)

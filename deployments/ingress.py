@@ -27,7 +27,7 @@ from app.server import ServerSettings, build_http_app, model_cards
 from .chat_processor import Processing
 from .errors import to_api_error
 from .placement import autoscaler_can_add_nodes, deployment_placement, node_resources
-from .relay import relay, with_api_errors
+from .relay import relay
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
@@ -98,9 +98,9 @@ class Ingress:
             raise to_api_error(exc) from None
 
     def _stream(self, method: str, request: Any):
-        if self.local is not None:
-            return with_api_errors(getattr(self.local, method)(request))
-        return relay(getattr(self.stream_processor, method).remote(request))
+        if self.local is not None:  # its model calls go through relay(): Ray's failures arrive mapped
+            return getattr(self.local, method)(request)
+        return relay(lambda: getattr(self.stream_processor, method).remote(request))
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()

@@ -3,29 +3,23 @@ OpenAI errors, and the remote generator cancelled when the caller stops (client 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .errors import to_api_error
 
 
-async def relay(response: Any) -> AsyncIterator[Any]:
-    """`response`: what `handle.options(stream=True).method.remote(...)` returned."""
+async def relay(start: Callable[[], Any]) -> AsyncIterator[Any]:
+    """`start()` makes the call, e.g. `lambda: handle.options(stream=True).method.remote(...)`. It runs
+    inside the mapping, so a failure while the call is placed (back-pressure, no replica) becomes the
+    same OpenAI error as one raised while the items come."""
+    response = None
     try:
+        response = start()
         async for item in response:
             yield item
     except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError
         raise to_api_error(exc) from None
     finally:
-        response.cancel()
-
-
-async def with_api_errors(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """`events` (a local async generator that calls handles) with Ray's failures as OpenAI errors."""
-    try:
-        async for item in events:
-            yield item
-    except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError
-        raise to_api_error(exc) from None
-    finally:
-        await events.aclose()
+        if response is not None:
+            response.cancel()
