@@ -32,6 +32,7 @@ from .servers import (
     SERVERS,
     CpuMeter,
     bundled_model_path,
+    comma_names,
     ensure_llama_server,
     llama_cpp_python_version,
     log,
@@ -50,7 +51,7 @@ def requests_for(concurrency: int, fixed: int | None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--servers", default="llamaray,llama-server,llama-cpp-python",
+    p.add_argument("--servers", default="llamaray,llama-server,llama-cpp-python", type=comma_names(SERVERS),
                    help="comma-separated, from: " + ", ".join(SERVERS))
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated closed-loop levels")
     p.add_argument("--requests-per-level", type=int, default=None,
@@ -63,10 +64,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "< 0.25 cores (on a shared machine they distort llama.cpp's numbers)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
-    ns.servers = [s.strip() for s in ns.servers.split(",") if s.strip()]
-    unknown = [s for s in ns.servers if s not in SERVERS]
-    if unknown:
-        p.error(f"unknown server(s) {unknown}; known: {', '.join(SERVERS)}")
     ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]
     return ns
 

@@ -32,7 +32,7 @@ import yaml
 
 from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
-from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, log, wait_until_quiet
+from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, comma_names, log, wait_until_quiet
 
 ROUTERS = {"load": "Serve's default (power of two choices)", "prefix": "prefix-aware (deployments/prefix_router.py)"}
 GOAL_HIT_RATIO = 0.8
@@ -92,7 +92,8 @@ class RouterBenchServer(LlamarayServer):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--routers", default="load,prefix", help="comma-separated, from: " + ", ".join(ROUTERS))
+    p.add_argument("--routers", default="load,prefix", type=comma_names(ROUTERS),
+                   help="comma-separated, from: " + ", ".join(ROUTERS))
     p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=4, help="conversations at a time")
@@ -109,10 +110,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="before each run, wait up to this long for other processes to use < 0.25 cores")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
-    ns.routers = [r.strip() for r in ns.routers.split(",") if r.strip()]
-    unknown = [r for r in ns.routers if r not in ROUTERS]
-    if unknown:
-        p.error(f"unknown router(s) {unknown}; known: {', '.join(ROUTERS)}")
     return ns
 
 

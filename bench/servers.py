@@ -8,6 +8,7 @@ bench never connects to, or kills, another Ray cluster on the machine.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import os
@@ -21,6 +22,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import IO
 
 import httpx
@@ -38,6 +40,19 @@ MODEL_ID = "smollm2-135m"   # the id serve_config.yaml gives the bundled model
 N_THREADS = 2               # same for the three servers
 N_PARALLEL = 16             # slots / sequences decoded together
 CTX_PER_SEQ = 2048          # context of one request, same as llamaray's n_ctx in configs/bench.yaml
+
+
+def comma_names(known: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse `type`: a comma-separated list whose every name is one of `known`."""
+    known = list(known)
+
+    def parse(value: str) -> list[str]:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
+        return names
+    return parse
 
 
 def log(msg: str) -> None:
