@@ -61,10 +61,8 @@ class ModelConfig(BaseModel):
     empty_reply: Literal["allow", "error"] = Field(
         "allow", description="a reply of nothing but whitespace: `allow` sends it (a valid answer), `error` "
                              "answers 502 upstream_empty_response instead; metrics count it as `empty` either way")
-    # Default `load`: with `prefix`, two concurrent legacy-completion prompts of n=2 each were seen to
-    # wait in the router without being dispatched (tests/graph/test_completions.py, test_prompt_list_with_n).
     routing: Literal["prefix", "load"] = Field(
-        "load", description="how requests pick one of this model's replicas: `prefix` prefers the replica "
+        "prefix", description="how requests pick one of this model's replicas: `prefix` prefers the replica "
                               "most likely holding the prompt's longest prefix in its KV cache (falling back to "
                               "load when it is busy); `load` is Serve's default (power of two choices)")
     owned_by: str = "llamaray"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from ray.util import metrics
 
 from app.engine.params import GenerationRequest
@@ -38,13 +38,20 @@ def prompt_of(pending_request: PendingRequest | None) -> str | None:
     return None
 
 
-class PrefixAffinityRouter(RequestRouter):
+class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """Sends a prompt to the replica most likely holding the KV of its longest prefix, unless that
     replica is busy; everything else (and a busy preferred replica) to the least loaded replica.
 
     `choose_replicas` returns ranks: [[preferred], [the rest, best first]]; Serve tries the first rank
     (the replica may still reject a request when full) and then the next, picking the least loaded in
     a rank. Records are updated only once a replica has accepted a request (`on_request_routed`).
+
+    FIFOMixin: a replica found is handed to the oldest waiting request, as Serve's own router does.
+    Without it Serve matches the replica to the request by its internal request id, which every call
+    made while serving one HTTP request shares (Ray 2.60): of two concurrent generations for one request
+    (a legacy prompt list) only the first was ever dispatched, and the other waited forever
+    (ray-project/ray#66325 describes the same failure of id-matching routers). With no queue the oldest
+    waiting request is the one routed, so the prefix choice holds; under a queue, order wins over affinity.
     """
 
     def initialize_state(self, **kwargs: Any) -> None:

@@ -49,7 +49,7 @@ def test_defaults_reserve_a_gpu_only_for_an_explicit_offload():
 
 
 def test_defaults_route_by_prefix_with_records_the_size_of_the_slots():
-    assert ModelConfig(id="m", model_path="x").routing == "load"  # opt-in (app/config.py says why)
+    assert ModelConfig(id="m", model_path="x").routing == "prefix"
     opts = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048, routing="prefix"))
     assert opts["request_router_config"] == {
         "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
