@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -62,6 +63,9 @@ class LlamaEngine:
         self.broken: str | None = None
         self.steps = 0
         self.tokens_decoded = 0  # batch tokens decoded, prompt and generated (tests, stats)
+        # Recent duration of one busy step (decode, sampling, publishing), a moving average: streams
+        # use it to tell whether the next step's tokens would still arrive within their window.
+        self.step_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"llama-engine-{spec.id}", daemon=True)
 
     def start(self) -> "LlamaEngine":
@@ -153,8 +157,11 @@ class LlamaEngine:
                     self._admit()
                 self._flush()
                 if self.active:
+                    started = time.perf_counter()
                     self._step()
                     self._flush()
+                    elapsed = time.perf_counter() - started
+                    self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
         except BaseException as exc:  # noqa: BLE001 - the thread must report, not vanish
             log.exception("engine thread died")
             self.broken = f"decode loop failed: {exc}"

@@ -4,18 +4,18 @@
 `call_soon_threadsafe` (one wake-up per step, not per token); other sinks are called directly.
 
 `generate_stream` yields lists of events (events.py). The first text piece goes out at once (time to
-first token); after that, pieces that arrive within the coalescing window travel together. The
-window grows with the number of sequences the engine is decoding (`PER_STREAM_S` each): every item
-costs about a millisecond of CPU per Ray hop, and that CPU is taken from llama.cpp's threads, so the
-replica's total item rate stays roughly constant however many streams it serves, up to a window of
-MAX_WINDOW_S. A `Failed` event
+first token); after that, pieces are held while the next engine step would still end within the
+coalescing window, then go together. Tokens arrive once per step, so a chunk leaves on a step's end,
+never between two: waiting past one would only add latency. The window grows with the number of
+sequences the engine is decoding (`PER_STREAM_S` each): every item costs CPU at each Ray hop, and on a
+small machine that CPU is taken from llama.cpp's threads, so the replica's total item rate stays
+roughly constant however many streams it serves, up to a window of MAX_WINDOW_S. A `Failed` event
 is raised as its APIError. Closing the generator early cancels the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,7 +27,7 @@ from .slots import Sink
 PER_STREAM_S = 0.015
 # At most one decode step of 16 sequences on 2 cores (~100 ms): a stream then waits under ~250 ms
 # between two chunks (p99), and the throughput measured no lower than with 0.5 s (README, "Benchmark").
-MAX_WINDOW_S = 0.1
+MAX_WINDOW_S = 0.5
 
 
 class QueueSink:
@@ -67,9 +67,33 @@ def coalescing_window(base_s: float, active: int) -> float:
     return min(MAX_WINDOW_S, max(base_s, active * PER_STREAM_S))
 
 
+def _drain(queue: asyncio.Queue[Event], events: list[Event]) -> None:
+    while not queue.empty():
+        events.append(queue.get_nowait())
+
+
+def _ends_choice(events: list[Event]) -> bool:
+    return any(isinstance(ev, (Finished, Failed)) for ev in events)
+
+
+async def _hold_for_steps(queue: asyncio.Queue[Event], events: list[Event], deadline: float, step_s: float) -> None:
+    """Adds the events of further engine steps to `events` while the next step should end before
+    `deadline` (loop time); a slower step than `step_s` is not waited for past the deadline. A
+    finished or failed choice goes out at once."""
+    loop = asyncio.get_running_loop()
+    while not _ends_choice(events) and loop.time() + step_s <= deadline:
+        try:
+            async with asyncio.timeout_at(deadline):
+                events.append(await queue.get())
+        except TimeoutError:
+            return
+        _drain(queue, events)
+
+
 async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
+    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
-    gen = engine.prepare(req, QueueSink(asyncio.get_running_loop(), queue))  # APIError for bad input
+    gen = engine.prepare(req, QueueSink(loop, queue))  # APIError for bad input
     engine.submit(gen)
     finished = sent_text = False
     done = 0  # choices finished
@@ -77,12 +101,10 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
     try:
         while not finished:
             events = [await queue.get()]
+            _drain(queue, events)  # a step's events arrive together
             if sent_text and interval_s > 0:
-                delay = last_yield + coalescing_window(interval_s, engine.active) - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            while not queue.empty():
-                events.append(queue.get_nowait())
+                window = coalescing_window(interval_s, engine.active)
+                await _hold_for_steps(queue, events, last_yield + window, engine.step_s)
             failed = next((ev for ev in events if isinstance(ev, Failed)), None)
             if failed is not None:
                 finished = True
@@ -93,7 +115,7 @@ async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_
             done += sum(isinstance(ev, Finished) for ev in events)
             finished = done >= req.n
             sent_text = sent_text or any(isinstance(ev, Text) for ev in events)
-            last_yield = time.monotonic()
+            last_yield = loop.time()
             yield coalesce(events)
     finally:
         if not finished:

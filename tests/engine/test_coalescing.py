@@ -1,0 +1,106 @@
+"""How generate_stream groups an engine's steps into chunks (app/engine/stream.py), against a paced fake
+engine: the first text at once, then chunks that leave on a step's end while the next step would
+overshoot the window, never waiting past it for a slow step. The real engine's streams are tested in
+test_engine.py; this is only the timing policy, which the real model cannot pace exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from app.engine.events import Finished, Started, Text
+from app.engine.stream import MAX_WINDOW_S, coalescing_window, generate_stream
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class PacedEngine:
+    """One token per step; `step_times[i]` is how long step i takes. Events reach the sink as the
+    engine thread publishes them: a step's events at once, at its end."""
+
+    def __init__(self, step_times: list[float], active: int = 16, step_s: float | None = None) -> None:
+        self.step_times = step_times
+        self.active = active
+        self.step_s = step_times[0] if step_s is None else step_s
+        self.cancelled: list[str] = []
+        self.step_ends: list[float] = []
+
+    def prepare(self, req, sink):
+        return sink
+
+    def submit(self, sink) -> None:
+        asyncio.get_running_loop().create_task(self._run(sink))
+
+    async def _run(self, sink) -> None:
+        sink(Started(prompt_tokens=3, cached_tokens=0))
+        n = len(self.step_times)
+        for i, dt in enumerate(self.step_times):
+            await asyncio.sleep(dt)
+            self.step_ends.append(asyncio.get_running_loop().time())
+            sink(Text("x", 1))
+            if i == n - 1:
+                sink(Finished("length", 3, n, 0))
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+async def chunks_of(engine: PacedEngine, interval_s: float) -> list[tuple[float, int, bool]]:
+    """(arrival time, tokens, finished) of every chunk with text."""
+    loop = asyncio.get_running_loop()
+    req = SimpleNamespace(request_id="r1", n=1)
+    out = []
+    async for batch in generate_stream(engine, req, interval_s):
+        tokens = sum(ev.tokens for ev in batch if isinstance(ev, Text))
+        if tokens:
+            out.append((loop.time(), tokens, any(isinstance(ev, Finished) for ev in batch)))
+    return out
+
+
+def test_window_grows_with_streams_up_to_the_cap():
+    assert coalescing_window(0.025, 1) == 0.025
+    assert coalescing_window(0.025, 4) == pytest.approx(0.06)
+    assert coalescing_window(0.025, 64) == MAX_WINDOW_S
+
+
+def test_first_text_alone_then_steps_grouped_within_the_window():
+    step = 0.03
+    engine = PacedEngine([step] * 40)
+    chunks = asyncio.run(chunks_of(engine, 0.025))
+    assert sum(t for _, t, _ in chunks) == 40 and chunks[-1][2]
+    assert chunks[0][1] == 1  # time to first token: not held
+    middle = chunks[1:-1]
+    # 16 streams: a 0.2 s window holds 0.2 // 0.03 = 6 steps (the 7th would end after it).
+    assert middle and all(2 <= t <= 7 for _, t, _ in middle), [t for _, t, _ in chunks]
+    assert sum(t for _, t, _ in middle) / len(middle) >= 4
+    gaps = [b[0] - a[0] for a, b in zip(chunks, chunks[1:])]
+    assert max(gaps) <= MAX_WINDOW_S + 0.1, gaps
+    # Each chunk left as a step ended, not later (waiting between steps adds latency, no tokens).
+    lags = [min(t - end for end in engine.step_ends if end <= t) for t, _, _ in chunks]
+    assert max(lags) < step / 2, lags
+
+
+def test_one_chunk_per_step_without_a_window():
+    chunks = asyncio.run(chunks_of(PacedEngine([0.01] * 12), 0))
+    assert [t for _, t, _ in chunks] == [1] * 12
+
+
+def test_a_slow_step_is_not_waited_for_past_the_window():
+    # Steps of 30 ms, then one of 1 s (another sequence's long prompt in the batch): the tokens held
+    # before it go out at the window's end instead of waiting for it.
+    times = [0.03] * 6 + [1.0] + [0.03] * 3
+    chunks = asyncio.run(chunks_of(PacedEngine(times, step_s=0.03), 0.025))
+    assert sum(t for _, t, _ in chunks) == len(times)
+    gaps = [b[0] - a[0] for a, b in zip(chunks, chunks[1:])]
+    # One gap holds the slow step itself (no tokens exist then); before it, nothing waited for it.
+    assert sorted(gaps)[-2] <= MAX_WINDOW_S + 0.1, gaps
+    assert max(gaps) < 1.0 + 0.1
+
+
+def test_a_finished_stream_is_not_held():
+    chunks = asyncio.run(chunks_of(PacedEngine([0.01, 0.01, 0.5]), 0.025))
+    # The last step (0.5 s) ends the stream: its chunk leaves on arrival, carrying Finished.
+    assert chunks[-1][2]
+    assert sum(t for _, t, _ in chunks) == 3
