@@ -25,9 +25,11 @@ from .params import GenerationRequest
 from .slots import Sink
 
 PER_STREAM_S = 0.015
-# At most one decode step of 16 sequences on 2 cores (~100 ms): a stream then waits under ~250 ms
-# between two chunks (p99), and the throughput measured no lower than with 0.5 s (README, "Benchmark").
-MAX_WINDOW_S = 0.5
+# A chunk never waits longer than this after the one before it, plus its delivery through Ray and HTTP
+# (up to ~80 ms at p99 measured on 2 busy cores): under the 250 ms between two chunks a stream may wait
+# (issue 13). With 16 sequences on 2 cores (a step ~70-85 ms) a chunk carries two steps' tokens, half
+# the Ray items of one a step (README, "Benchmark").
+MAX_WINDOW_S = 0.17
 
 
 class QueueSink:
