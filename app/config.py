@@ -46,6 +46,8 @@ class ModelConfig(BaseModel):
         None, description="layers offloaded to the GPU, -1 for all; auto (the default): all when Ray gave the "
                           "replica a GPU, none otherwise")
     kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
+    prompt_cache_mib: float = Field(1024, ge=0, description="host memory for the KV of prompts whose slot was "
+                                                            "reused, restored when they come back (0: off)")
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto", description="llama.cpp's extra CPU weight buffers (repacked/AMX); auto: off only for an AMX "
                             "build on an AMX CPU (llama.cpp #20824)")
@@ -165,6 +167,7 @@ class ModelSpec:
     owned_by: str
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
+    prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
 
 
 
@@ -229,6 +232,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         owned_by=cfg.owned_by,
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
         empty_reply=cfg.empty_reply,
+        prompt_cache_mib=cfg.prompt_cache_mib,
     )
 
 

@@ -25,6 +25,7 @@ from . import hardware
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, check_grammar, decode, logprobs_at
 from .params import GenerationRequest
+from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
 from .stop import StopMatcher
 
@@ -58,6 +59,7 @@ class LlamaEngine:
         self._waiting: deque[Generation] = deque()
         self._cancelled: set[str] = set()
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
+        self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
         self._closing = False
         self._outbox: list[tuple[Sink, Event]] = []
         self.broken: str | None = None
@@ -124,7 +126,8 @@ class LlamaEngine:
     def stats(self) -> dict[str, Any]:
         with self._cv:
             return {"running": self.active, "waiting": len(self._waiting), "slots": len(self._slots),
-                    "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy()}
+                    "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
+                    "prompt_cache": self._prompt_cache.stats()}
 
     @property
     def active(self) -> int:
@@ -212,8 +215,9 @@ class LlamaEngine:
             slot.occupy(gen, reused)
             for g in group:
                 if g is not gen:
-                    min((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: len(s.tokens)).occupy(
-                        g, 0, SlotState.FORKING)
+                    fork = min((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: len(s.tokens))
+                    self._save_to_cache(fork, keep=0)
+                    fork.occupy(g, 0, SlotState.FORKING)
                 self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index))
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
@@ -229,20 +233,47 @@ class LlamaEngine:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
         A free slot that already holds the best prefix is used as it is. Otherwise the prefix is
-        copied from wherever it is (a busy slot's earlier positions never change), into the free
-        slot whose own cache is worth least. At least the last prompt token is always recomputed,
-        so there are logits to sample from."""
+        copied from wherever it is (a busy slot's earlier positions never change, or the prompt
+        cache in host memory), into the free slot whose own cache is worth least; what that slot held
+        goes to the prompt cache first. At least the last prompt token is always recomputed, so there
+        are logits to sample from."""
         prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
         idle = [slot for slot in self._slots if slot.state is SlotState.IDLE]
         best_idle = max(idle, key=lambda s: prefix[s.index])
         source = max(self._slots, key=lambda s: (prefix[s.index], s.state is SlotState.IDLE))
+        cached, held = self._prompt_cache.best(prompt) if reuse else (None, 0)
         # Copying between per-slot streams moves a whole stream: only worth it for a real prefix.
-        if prefix[source.index] - prefix[best_idle.index] < MIN_COPY_TOKENS:
+        if max(prefix[source.index], held) - prefix[best_idle.index] < MIN_COPY_TOKENS:
             source = target = best_idle
         else:
             target = min(idle, key=lambda s: len(s.tokens))
-        reuse = min(prefix[source.index], len(prompt) - 1)
-        return target, self._keep_prefix(target.index, source.index, reuse)
+        if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
+            self._save_to_cache(target, keep=0)
+            kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
+            if kept:
+                return target, kept
+            target.tokens = []  # a refused restore leaves the slot's KV empty
+            if source is target:
+                return target, 0
+        keep = min(prefix[source.index], len(prompt) - 1)
+        self._save_to_cache(target, keep=keep if source is target else 0)
+        return target, self._keep_prefix(target.index, source.index, keep)
+
+    def _save_to_cache(self, slot: Slot, keep: int) -> None:
+        """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
+        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens):
+            state, size = self.mc.seq_state(slot.index)
+            if size:
+                self._prompt_cache.put(slot.tokens, state, size)
+
+    def _restore(self, slot: int, entry: Entry, keep: int) -> int:
+        """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
+        self.mc.seq_rm(slot, 0, -1)
+        if self.mc.set_seq_state(slot, entry.state, entry.size) and self.mc.seq_rm(slot, keep, -1):
+            self._prompt_cache.hits += 1
+            return keep
+        self.mc.seq_rm(slot, 0, -1)
+        return 0
 
     def _keep_prefix(self, slot: int, source: int, reuse: int) -> int:
         """Make `slot`'s KV hold the first `reuse` prompt tokens (kept, or copied from `source`);

@@ -155,6 +155,16 @@ class LlamaModelContext:
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         L.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
+    def seq_state(self, seq: int) -> tuple[Any, int]:
+        """One sequence's KV, serialized by llama.cpp into host memory: (buffer, bytes used)."""
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        return buf, int(L.llama_state_seq_get_data(self.ctx, buf, size, seq))
+
+    def set_seq_state(self, seq: int, state: Any, size: int) -> bool:
+        """Load a `seq_state` into `seq` (which should be empty); False if llama.cpp refused it."""
+        return L.llama_state_seq_set_data(self.ctx, state, size, seq) > 0
+
     def close(self) -> None:
         if self.ctx:
             L.llama_free(self.ctx)

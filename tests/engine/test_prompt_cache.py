@@ -1,0 +1,126 @@
+"""The prompt cache in host memory (app/engine/prompt_cache.py): its bookkeeping as plain data, then
+the real engine with one slot, where a prompt that comes back after its slot served another one is
+restored from the cache instead of prefilled again, with the same greedy reply."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import numpy as np
+import pytest
+
+from app.engine import GenerationRequest, SamplingParams
+from app.engine.events import Finished, Started, Text
+from app.engine.prompt_cache import PromptCache, shared_prefix
+from app.engine.stream import generate_stream
+from tests.support.events import run_until_idle
+
+
+def tokens(*runs: tuple[int, int]) -> list[int]:
+    """Concatenated ranges: tokens((0, 40), (100, 10)) is 0..39 then 100..109."""
+    return [t for start, n in runs for t in range(start, start + n)]
+
+
+def test_shared_prefix():
+    a = np.array([1, 2, 3, 4], dtype=np.int32)
+    assert shared_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2
+    assert shared_prefix(a, a[:3]) == 3
+    assert shared_prefix(a, np.array([], dtype=np.int32)) == 0
+
+
+def test_best_entry_is_the_longest_shared_prefix():
+    cache = PromptCache(max_bytes=1000, min_tokens=4)
+    cache.put(tokens((0, 40), (100, 10)), "A", 10)
+    cache.put(tokens((0, 40), (200, 10)), "B", 10)
+    entry, n = cache.best(tokens((0, 40), (200, 5), (900, 3)))
+    assert entry.state == "B" and n == 45
+    assert cache.best(tokens((500, 10))) == (None, 0)
+
+
+def test_short_or_covered_runs_are_not_kept():
+    cache = PromptCache(max_bytes=1000, min_tokens=32)
+    assert not cache.worth_keeping(tokens((0, 31)))
+    assert cache.worth_keeping(tokens((0, 60)))
+    cache.put(tokens((0, 60)), "A", 10)
+    assert not cache.worth_keeping(tokens((0, 50)))  # an entry holds these and more
+    assert cache.worth_keeping(tokens((0, 50), (300, 20)))
+    assert not PromptCache(max_bytes=0).worth_keeping(tokens((0, 60)))
+
+
+def test_a_longer_run_replaces_the_entry_it_extends():
+    cache = PromptCache(max_bytes=1000, min_tokens=4)
+    cache.put(tokens((0, 40)), "short", 10)
+    cache.put(tokens((0, 80)), "long", 30)
+    assert len(cache) == 1 and cache.bytes == 30
+    assert cache.best(tokens((0, 40)))[0].state == "long"
+
+
+def test_bounded_by_bytes_least_recently_used_out():
+    cache = PromptCache(max_bytes=100, min_tokens=4)
+    cache.put(tokens((1000, 10)), "A", 40)
+    cache.put(tokens((2000, 10)), "B", 40)
+    cache.best(tokens((1000, 10)))  # A used: B is now the oldest
+    cache.put(tokens((3000, 10)), "C", 40)
+    assert cache.bytes == 80 and len(cache) == 2
+    assert cache.best(tokens((2000, 10))) == (None, 0)
+    assert cache.best(tokens((1000, 10)))[0].state == "A"
+    cache.put(tokens((4000, 10)), "too big", 101)  # larger than the whole cache: not stored
+    assert cache.bytes == 80
+
+
+# -- the real engine ------------------------------------------------------------------------------
+
+QUESTIONS = [
+    "Describe in detail a day in the life of a medieval blacksmith, from dawn to dusk, with his tools.",
+    "Explain step by step how a refrigerator works, covering the compressor, condenser and coils.",
+]
+
+
+async def _run(engine, prompt: str) -> tuple[Started, str, Finished]:
+    req = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=12, stop=[],
+                            sampling=SamplingParams(temperature=0.0))
+    events = [ev async for batch in generate_stream(engine, req, 0) for ev in batch]
+    start = next(ev for ev in events if isinstance(ev, Started))
+    return start, "".join(ev.text for ev in events if isinstance(ev, Text)), events[-1]
+
+
+def _one_slot_engine(spec, cache_mib: float):
+    from app.engine import LlamaEngine
+    from app.engine.stream import publish_to_loops
+
+    return LlamaEngine(dataclasses.replace(spec, n_seq_max=1, prompt_cache_mib=cache_mib),
+                       publish=publish_to_loops).start()
+
+
+def _a_b_a(spec, cache_mib: float):
+    from app.chat_template import render_prompt
+
+    a, b = (render_prompt(spec.chat_template, [{"role": "user", "content": q}]) for q in QUESTIONS)
+    engine = _one_slot_engine(spec, cache_mib)
+    try:
+        async def scenario():
+            first = await _run(engine, a)
+            await _run(engine, b)  # takes the only slot: A's KV must go to the cache or be lost
+            return first, await _run(engine, a), engine.stats()["prompt_cache"]
+        return run_until_idle(engine, scenario())
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_prompt_back_after_its_slot_was_reused_is_restored(bundled_spec):
+    (start1, text1, end1), (start2, text2, end2), stats = _a_b_a(bundled_spec, cache_mib=64)
+    assert start1.cached_tokens < 30  # the template's header at most
+    # Everything but the last prompt token came from the cache.
+    assert start2.cached_tokens == start2.prompt_tokens - 1, start2
+    assert stats["hits"] == 1 and stats["entries"] >= 1 and 0 < stats["bytes"] <= 64 << 20
+    # The restored KV is the same computation: the greedy reply is the same.
+    assert text2 == text1 and end2.completion_tokens == end1.completion_tokens
+
+
+@pytest.mark.timeout(300)
+def test_without_the_cache_the_prompt_is_prefilled_again(bundled_spec):
+    _, (start2, _, _), stats = _a_b_a(bundled_spec, cache_mib=0)
+    assert start2.cached_tokens < 30
+    assert stats == {"entries": 0, "bytes": 0, "hits": 0}
