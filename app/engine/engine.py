@@ -215,7 +215,7 @@ class LlamaEngine:
             slot.occupy(gen, reused)
             for g in group:
                 if g is not gen:
-                    fork = min((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: len(s.tokens))
+                    fork = self._lowest_idle()
                     self._save_to_cache(fork, keep=0)
                     fork.occupy(g, 0, SlotState.FORKING)
                 self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index))
@@ -232,21 +232,19 @@ class LlamaEngine:
     def _place(self, prompt: list[int], reuse: bool = True) -> tuple[Slot, int]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
-        A free slot that already holds the best prefix is used as it is. Otherwise the prefix is
-        copied from wherever it is (a busy slot's earlier positions never change, or the prompt
-        cache in host memory), into the free slot whose own cache is worth least; what that slot held
-        goes to the prompt cache first. At least the last prompt token is always recomputed, so there
-        are logits to sample from."""
+        The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
+        llama.cpp decodes only runs of consecutive sequence ids together, and 8 decoding sequences
+        spread over 16 slots took twice as long a step as 8 packed ones. Its KV's own prefix is kept;
+        a longer one (by MIN_COPY_TOKENS) is copied in from another slot (a busy slot's earlier
+        positions never change) or restored from the prompt cache in host memory, after what the slot
+        held went to that cache. At least the last prompt token is always recomputed, so there are
+        logits to sample from."""
         prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
-        idle = [slot for slot in self._slots if slot.state is SlotState.IDLE]
-        best_idle = max(idle, key=lambda s: prefix[s.index])
-        source = max(self._slots, key=lambda s: (prefix[s.index], s.state is SlotState.IDLE))
+        target = self._lowest_idle()
+        source = max(self._slots, key=lambda s: (prefix[s.index], s is target))
+        if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
+            source = target  # copying a stream is only worth it for a real prefix
         cached, held = self._prompt_cache.best(prompt) if reuse else (None, 0)
-        # Copying between per-slot streams moves a whole stream: only worth it for a real prefix.
-        if max(prefix[source.index], held) - prefix[best_idle.index] < MIN_COPY_TOKENS:
-            source = target = best_idle
-        else:
-            target = min(idle, key=lambda s: len(s.tokens))
         if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
             self._save_to_cache(target, keep=0)
             kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
@@ -258,6 +256,9 @@ class LlamaEngine:
         keep = min(prefix[source.index], len(prompt) - 1)
         self._save_to_cache(target, keep=keep if source is target else 0)
         return target, self._keep_prefix(target.index, source.index, keep)
+
+    def _lowest_idle(self) -> Slot:
+        return next(slot for slot in self._slots if slot.state is SlotState.IDLE)
 
     def _save_to_cache(self, slot: Slot, keep: int) -> None:
         """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
