@@ -234,13 +234,17 @@ class LlamaEngine:
 
         The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
         llama.cpp decodes only runs of consecutive sequence ids together, and 8 decoding sequences
-        spread over 16 slots took twice as long a step as 8 packed ones. Its KV's own prefix is kept;
-        a longer one (by MIN_COPY_TOKENS) is copied in from another slot (a busy slot's earlier
-        positions never change) or restored from the prompt cache in host memory, after what the slot
-        held went to that cache. At least the last prompt token is always recomputed, so there are
-        logits to sample from."""
+        spread over 16 slots took twice as long a step as 8 packed ones. An idle slot already holding
+        a real prefix (MIN_COPY_TOKENS more) is taken instead: recomputing or copying that prefix costs
+        more than a gap. The slot's own prefix is kept; a longer one is copied in from another slot (a
+        busy slot's earlier positions never change) or restored from the prompt cache in host memory,
+        after what the slot held went to that cache. At least the last prompt token is always
+        recomputed, so there are logits to sample from."""
         prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
         target = self._lowest_idle()
+        best_idle = max((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
+        if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
+            target = best_idle
         source = max(self._slots, key=lambda s: (prefix[s.index], s is target))
         if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
             source = target  # copying a stream is only worth it for a real prefix

@@ -1,0 +1,46 @@
+"""Which idle slot the engine gives a new prompt (LlamaEngine._place), on an engine whose decode thread
+is not started: the slots' token records are set by hand (their KV is empty, which _place only trims),
+so each case states exactly what every slot holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.engine.engine import MIN_COPY_TOKENS
+from app.engine.slots import SlotState
+
+HEADER = list(range(1000, 1024))  # a chat template's first lines: every prompt starts with them
+
+
+@pytest.fixture(scope="module")
+def idle_engine(bundled_spec):
+    from app.engine import LlamaEngine
+
+    engine = LlamaEngine(dataclasses.replace(bundled_spec, n_seq_max=4, prompt_cache_mib=0))  # not started
+    yield engine
+    engine.close()
+
+
+def place(engine, holds: list[list[int]], busy: set[int], prompt: list[int]) -> int:
+    for slot, tokens in zip(engine._slots, holds):
+        slot.tokens = list(tokens)
+        slot.state = SlotState.GENERATING if slot.index in busy else SlotState.IDLE
+    try:
+        return engine._place(prompt)[0].index
+    finally:
+        for slot in engine._slots:
+            slot.tokens, slot.state = [], SlotState.IDLE
+
+
+def test_lowest_idle_slot_keeps_busy_slots_packed(idle_engine):
+    # Slot 3 shares 3 more tokens with the prompt than slot 1: not worth a gap in the packing.
+    holds = [HEADER + [1], HEADER + [2], HEADER + [3], HEADER + [7, 8, 9, 4]]
+    assert place(idle_engine, holds, busy={0}, prompt=HEADER + [7, 8, 9, 5, 6]) == 1
+
+
+def test_an_idle_slot_holding_a_real_prefix_is_taken(idle_engine):
+    history = list(range(5000, 5000 + MIN_COPY_TOKENS + 10))
+    holds = [HEADER + [1], HEADER + [2], HEADER + [3], HEADER + history]
+    assert place(idle_engine, holds, busy={0}, prompt=HEADER + history + [42]) == 3
