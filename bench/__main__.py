@@ -14,7 +14,6 @@ import asyncio
 import datetime as dt
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from .servers import (
     ensure_llama_server,
     llama_cpp_python_version,
     log,
+    start_run,
     wait_until_quiet,
 )
 
@@ -119,10 +119,7 @@ async def bench_server(server, ns) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     out: Path = ns.out
-    log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # SIGTERM (e.g. from make or a CI runner) unwinds like Ctrl-C, so every server is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    log_dir = start_run(out)
 
     model = bundled_model_path()
     meta: dict[str, Any] = {

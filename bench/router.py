@@ -22,7 +22,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import yaml
 
 from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
-from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, comma_names, log, wait_until_quiet
+from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, comma_names, log, start_run, wait_until_quiet
 
 ROUTERS = {"load": "Serve's default (power of two choices)", "prefix": "prefix-aware (deployments/prefix_router.py)"}
 GOAL_HIT_RATIO = 0.8
@@ -174,9 +173,7 @@ def format_table(runs: dict[str, dict[str, Any]], failures: dict[str, str]) -> s
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     out: Path = ns.out
-    log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    log_dir = start_run(out)
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
             "workload": {"conversations": ns.conversations, "turns": ns.turns, "concurrency": ns.concurrency,
                          "system_prompt_chars": len(shared_system_prompt(ns.system_tokens)),

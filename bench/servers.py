@@ -55,6 +55,15 @@ def comma_names(known: Iterable[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def start_run(out: Path) -> Path:
+    """A bench command's start: its output folder with logs/ (returned), and SIGTERM (from make or a
+    CI runner) unwinding like Ctrl-C, so every server it started is stopped."""
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    return log_dir
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
