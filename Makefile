@@ -31,10 +31,11 @@ config: $(STAMP)
 	$(VENV)/bin/llamaray render-config serve_config.yaml --overlay configs/local-cpu.yaml -o $(LOCAL_CONFIG)
 	$(VENV)/bin/llamaray check-config $(LOCAL_CONFIG)
 
-# Ray Serve's settings for one small machine (app/ray_env.py: direct ingress, gRPC handles, a slower
-# controller loop), measured in the README's benchmark.
+# `serve run` with Ray Serve's settings for one small machine (app/ray_env.py: the Ingress replica, which
+# runs the model too, serves HTTP on the config's port itself; a slower controller loop), measured in
+# the README's benchmark.
 run: config
-	env $$($(VENV)/bin/llamaray local-env) $(VENV)/bin/serve run $(LOCAL_CONFIG)
+	$(VENV)/bin/llamaray serve-local $(LOCAL_CONFIG)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

@@ -126,6 +126,18 @@ class AppArgs(BaseModel):
         "deployment", description="where prompts are rendered and replies shaped: a ChatProcessor deployment "
                                   "of its own (scales apart from the Ingress: clusters), or inside the Ingress "
                                   "replica (one Ray hop less for every streamed item: small machines)")
+    llama_model: Literal["deployment", "ingress"] = Field(
+        "deployment", description="where the models' llama.cpp engines run: a LlamaModel deployment per model "
+                                  "(replicas scale, get GPUs and are routed to: clusters), or inside the Ingress "
+                                  "replica, with the HTTP server and no Ray hop per streamed item (one machine "
+                                  "serving one replica; needs `chat_processor: ingress`)")
+
+    @model_validator(mode="after")
+    def _engines_with_processing(self) -> "AppArgs":
+        if self.llama_model == "ingress" and self.chat_processor != "ingress":
+            raise ValueError("`llama_model: ingress` needs `chat_processor: ingress`: the engines run where the "
+                             "prompts are rendered")
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> "AppArgs":

@@ -24,6 +24,7 @@ from .placement import (
     PREFIX_ROUTER_CLASS,
     apply_block,
     fits,
+    ingress_hosting_defaults,
     model_deployment_defaults,
     offloads,
     replica_request,
@@ -53,23 +54,34 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         problems.append(str(exc))
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
     models = {deployment_name(m.id): m for m in args.models}
+    hosted = args.llama_model == "ingress"
     for name in blocks:
         if name == "ChatProcessor" and args.chat_processor == "ingress":
             problems.append("deployment 'ChatProcessor' has a block, but `chat_processor: ingress` runs its work "
                             "inside the Ingress (no such deployment): remove the block (render-config does)")
+        elif name in models and hosted:
+            problems.append(f"deployment {name!r} has a block, but `llama_model: ingress` runs the engines inside "
+                            "the Ingress (no such deployment): remove the block (render-config does), and give the "
+                            "Ingress the model's resources")
         elif name not in models and name not in CORE_DEPLOYMENTS:
             known = ", ".join([*CORE_DEPLOYMENTS, *models])
             problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
     options = {name: apply_block(defaults, blocks.get(name)) for name, defaults in CORE_DEPLOYMENTS.items()}
-    for name, model in models.items():
-        options[name] = apply_block(model_deployment_defaults(model), blocks.get(name))
-        problems += _model_problems(name, model, options[name], blocks.get(name) or {})
+    if hosted:
+        options = {"Ingress": apply_block(ingress_hosting_defaults(args.models), blocks.get("Ingress"))}
+        for model in models.values():
+            problems += _gpu_problems("Ingress", model, options["Ingress"], blocks.get("Ingress") or {})
+    else:
+        for name, model in models.items():
+            options[name] = apply_block(model_deployment_defaults(model), blocks.get(name))
+            problems += _model_problems(name, model, options[name], blocks.get(name) or {})
     if cluster is not None:
         problems += fit_problems(options, cluster)
     return problems
 
 
-def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:
+def _gpu_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    """The GPU the replica that runs `model`'s engine (its LlamaModel, or the Ingress) reserves vs what it uses."""
     problems = []
     gpus = (options.get("ray_actor_options") or {}).get("num_gpus", 0)
     if offloads(model) and not gpus:
@@ -82,6 +94,11 @@ def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], bloc
         problems.append(f"{name} reserves a GPU (ray_actor_options.num_gpus: {gpus}) but model {model.id!r} "
                         f"has n_gpu_layers: 0, so it never uses it; leave n_gpu_layers out (auto: all layers on "
                         f"the GPU Ray gives the replica) or set num_gpus: 0")
+    return problems
+
+
+def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    problems = _gpu_problems(name, model, options, block)
     ongoing = options.get("max_ongoing_requests")
     if isinstance(ongoing, int) and ongoing > model.n_seq_max:
         problems.append(f"{name}: max_ongoing_requests {ongoing} is above model {model.id!r}'s n_seq_max "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .config import deployment_name
+
 IDENTITY_KEYS = ("name", "id")
 
 
@@ -40,10 +42,17 @@ def merge(base: Any, overlay: Any) -> Any:
 
 
 def without_unused_deployments(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with the `ChatProcessor` block dropped from each application whose args say
-    `chat_processor: ingress`: that app has no such deployment, and Serve refuses a block for one."""
+    """The config with the blocks of deployments an application does not have: `ChatProcessor` where its
+    args say `chat_processor: ingress`, and every model's where they say `llama_model: ingress` (only the
+    Ingress is left). Serve refuses a block for a deployment that does not exist."""
     out = copy.deepcopy(config)
     for app in out.get("applications") or []:
-        if (app.get("args") or {}).get("chat_processor") == "ingress" and app.get("deployments"):
-            app["deployments"] = [d for d in app["deployments"] if d.get("name") != "ChatProcessor"]
+        args = app.get("args") or {}
+        unused = set()
+        if args.get("chat_processor") == "ingress":
+            unused.add("ChatProcessor")
+        if args.get("llama_model") == "ingress":
+            unused.update(deployment_name(str(m.get("id"))) for m in args.get("models") or [])
+        if unused and app.get("deployments"):
+            app["deployments"] = [d for d in app["deployments"] if d.get("name") not in unused]
     return out

@@ -63,6 +63,18 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
     return options
 
 
+def ingress_hosting_defaults(cfgs: list[ModelConfig]) -> dict[str, Any]:
+    """Options of the Ingress when it runs the models' engines itself (`llama_model: ingress`): it reserves
+    what their LlamaModel replicas would (model_deployment_defaults) on top of its own."""
+    cpus = INGRESS_DEFAULTS["ray_actor_options"]["num_cpus"]
+    gpus = 0
+    for cfg in cfgs:
+        actor = model_deployment_defaults(cfg)["ray_actor_options"]
+        cpus += actor["num_cpus"]
+        gpus += actor["num_gpus"]
+    return {**copy.deepcopy(INGRESS_DEFAULTS), "ray_actor_options": {"num_cpus": cpus, "num_gpus": gpus}}
+
+
 def apply_block(defaults: dict[str, Any], block: dict[str, Any] | None) -> dict[str, Any]:
     """Options as Ray Serve applies a config file's deployment block onto the code's: each key the
     block names replaces the code's value whole (a `ray_actor_options` block without `num_gpus` reserves

@@ -3,8 +3,9 @@ multi-turn chat workload over two model replicas.
 
 For each router (`load`: Serve's default power of two choices; `prefix`: deployments/prefix_router.py)
 llamaray is started on a Ray head with 2 logical GPUs (bench/serve_driver.py) from serve_config.yaml
-+ configs/local-cpu.yaml + configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4
-slots of 4096 tokens) + the model's `routing` key, then driven by loadtools/conversations.py: 8
++ configs/local-cpu.yaml + configs/local-graph.yaml (model deployments of their own) +
+configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4 slots of 4096 tokens) + the
+model's `routing` key, then driven by loadtools/conversations.py: 8
 conversations x 6 turns, 4 conversations at a time, sharing a ~1,000-token system prompt, each turn
 sending the history back after a user's think time (`--think`, 1 s on average). Every request records
 its TTFT and usage.prompt_tokens_details.cached_tokens.
@@ -43,7 +44,7 @@ class RouterBenchServer(LlamarayServer):
     """llamaray with two model replicas on logical GPUs and the model's `routing` set to `routing`."""
 
     start_timeout_s = 300.0
-    overlays = ("configs/local-cpu.yaml", "configs/bench-router.yaml")
+    overlays = ("configs/local-cpu.yaml", "configs/local-graph.yaml", "configs/bench-router.yaml")
 
     def __init__(self, log_dir: Path, routing: str) -> None:
         self.routing = routing

@@ -28,7 +28,6 @@ from typing import IO
 import httpx
 import yaml
 
-from app.ray_env import LOCAL_RAY_ENV
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,7 +313,8 @@ class LlamaCppPythonServer(Server):
 
 
 class LlamarayServer(Server):
-    """This project: `serve run` on serve_config.yaml + configs/local-cpu.yaml + configs/bench.yaml.
+    """This project: `llamaray serve-local` (`serve run`, as `make run` starts it) on serve_config.yaml +
+    configs/local-cpu.yaml + configs/bench.yaml.
 
     The Ray cluster `serve run` starts gets its own RAY_TMPDIR, so it neither joins another
     cluster on this machine nor is confused with one when it is torn down: after `serve run`
@@ -344,12 +344,11 @@ class LlamarayServer(Server):
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="lrb-", dir="/tmp"))  # short: unix socket paths
 
     def command(self) -> list[str]:
-        return [VENV_BIN / "serve", "run", self.config_path]
+        return [VENV_BIN / "llamaray", "serve-local", self.config_path]  # as `make run` starts it
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("RAY_ADDRESS", None)
-        env.update(LOCAL_RAY_ENV)  # as `make run` starts it
         env["RAY_TMPDIR"] = str(self.ray_tmp)
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         return env

@@ -7,7 +7,7 @@ from typing import Any
 from ray.serve import Application
 
 from app.config import deployment_name, parse_args, resolve_models
-from app.placement import model_deployment_defaults
+from app.placement import ingress_hosting_defaults, model_deployment_defaults
 from app.preflight import preflight
 
 from .chat_processor import ChatProcessor
@@ -23,6 +23,9 @@ def build_app(args: dict[str, Any]) -> Application:
     # The resolved specs and validated configs go to the replicas as they are (they pickle).
     # Each model deployment's options are derived from its model entry (GPU, slots, autoscaling); Ray
     # Serve applies a `deployments:` block of the config file on top, key by key, so the YAML wins.
+    if parsed.llama_model == "ingress":  # the engines run in the Ingress replica (chat_processor: ingress too)
+        return Ingress.options(**ingress_hosting_defaults(parsed.models)).bind(None, specs, None, parsed.limits,
+                                                                               parsed.auth)
     models = {
         spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg)).bind(spec)
         for spec, cfg in zip(specs, parsed.models)

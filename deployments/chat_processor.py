@@ -4,7 +4,8 @@ text completions, and the tokenizer routes, whose ids come from the model replic
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -24,22 +25,29 @@ from app.tokens import TokenService
 
 from .errors import to_api_error
 from .metrics import RayRequestObserver
+from .model_host import ModelHost
 from .relay import relay
 from .replica import replica_info
+
+
+class Models(Protocol):
+    """How the processing reaches the models: token ids (app.tokens.ModelTokens) and generation streams."""
+
+    def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[Any]: ...
+
+    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
+
+    async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
 
 
 class Processing:
     """The ChatProcessor's work as a plain object: a deployment of its own, or inside the Ingress."""
 
-    def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits) -> None:
-        self.models = {mid: h.options(stream=True) for mid, h in models.items()}
+    def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits) -> None:
         observer = RayRequestObserver()
-        self.service = ChatService(specs, self._open_stream, limits=limits, observer=observer)
-        self.completions = CompletionService(specs, self._open_stream, limits=limits, observer=observer)
-        self.tokens = TokenService(specs, HandleTokens(models), limits=limits)
-
-    def _open_stream(self, model_id: str, request: GenerationRequest):
-        return relay(lambda: self.models[model_id].generate.remote(request))
+        self.service = ChatService(specs, models.open_stream, limits=limits, observer=observer)
+        self.completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer)
+        self.tokens = TokenService(specs, models, limits=limits)
 
     async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
         return await self.service.complete(request)
@@ -67,14 +75,19 @@ class Processing:
 
 @serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
 class ChatProcessor(Processing):
-    pass
+    def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits) -> None:
+        super().__init__(specs, HandleModels(models), limits)
 
 
-class HandleTokens:
-    """app.tokens.ModelTokens over the model deployments' handles."""
+class HandleModels:
+    """Models in deployments of their own, over their handles (one Ray hop per streamed item)."""
 
     def __init__(self, models: dict[str, DeploymentHandle]) -> None:
         self.models = models
+        self.streams = {mid: h.options(stream=True) for mid, h in models.items()}
+
+    def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[Any]:
+        return relay(lambda: self.streams[model_id].generate.remote(request))
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         try:
@@ -87,3 +100,23 @@ class HandleTokens:
             return await self.models[model_id].detokenize.remote(tokens)
         except Exception as exc:  # noqa: BLE001
             raise to_api_error(exc) from None
+
+
+class LocalModels:
+    """Models whose engines run in this very replica (`llama_model: ingress`): no Ray hop at all."""
+
+    def __init__(self, hosts: dict[str, ModelHost]) -> None:
+        self.hosts = hosts
+
+    async def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[Any]:
+        try:
+            async for batch in self.hosts[model_id].generate(request, bounded=True):
+                yield batch
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
+            raise to_api_error(exc) from None
+
+    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
+        return await self.hosts[model_id].tokenize(text, add_special)
+
+    async def detokenize(self, model_id: str, tokens: list[int]) -> str:
+        return await self.hosts[model_id].detokenize(tokens)

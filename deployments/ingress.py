@@ -1,4 +1,5 @@
-"""Ingress: the Starlette app from app/server.py, backed by handles to the ChatProcessor."""
+"""Ingress: the Starlette app from app/server.py, backed by handles to the ChatProcessor or the models, or
+(`llama_model: ingress`) by the models' engines running in this replica."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from app.schemas import (
 )
 from app.server import ServerSettings, build_http_app, model_cards
 
-from .chat_processor import Processing
+from .chat_processor import HandleModels, LocalModels, Processing
 from .errors import to_api_error
+from .model_host import ModelHost
 from .placement import autoscaler_can_add_nodes, deployment_placement, node_resources
 from .relay import relay
 from .replica import replica_info
@@ -36,14 +38,20 @@ logger = logging.getLogger("ray.serve")
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class Ingress:
-    def __init__(self, processor: DeploymentHandle | None, specs: list[ModelSpec], models: dict[str, DeploymentHandle],
-                 limits: Limits, auth: AuthConfig) -> None:
+    def __init__(self, processor: DeploymentHandle | None, specs: list[ModelSpec],
+                 models: dict[str, DeploymentHandle] | None, limits: Limits, auth: AuthConfig) -> None:
         # processor None: the ChatProcessor's work runs here, one Ray hop less per streamed item.
+        # models None: so do the models' engines (no Ray hop between HTTP and llama.cpp).
         self.processor = processor
         self.stream_processor = processor.options(stream=True) if processor is not None else None
-        self.local = Processing(specs, models, limits) if processor is None else None
+        self.hosts = {spec.id: ModelHost(spec) for spec in specs} if models is None else None
+        if processor is not None:
+            self.local = None
+        else:
+            self.local = Processing(specs, LocalModels(self.hosts) if self.hosts is not None else HandleModels(models),
+                                    limits)
         self.specs = specs
-        self.models = models
+        self.models = models or {}
         # Keys are read here, in the replica's own environment (env var or secret file).
         keys = load_api_keys(auth.api_keys_env, auth.api_keys_file)
         require_keys(keys, auth.required, auth.api_keys_env, auth.api_keys_file)
@@ -56,7 +64,8 @@ class Ingress:
         # Model deployments whose replicas no node can hold (and no autoscaler can add one): model id -> why.
         self.unplaced: dict[str, str] = {}
         self._app_name = serve.get_replica_context().app_name
-        threading.Thread(target=self._watch_placement, name="llamaray-placement", daemon=True).start()
+        if self.hosts is None:  # model deployments to watch
+            threading.Thread(target=self._watch_placement, name="llamaray-placement", daemon=True).start()
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self, model_cards(self.specs), self.settings)
@@ -102,8 +111,25 @@ class Ingress:
             return getattr(self.local, method)(request)
         return relay(lambda: getattr(self.stream_processor, method).remote(request))
 
+    async def model_stats(self, model_id: str) -> dict[str, Any]:
+        """A model's engine stats (running, waiting, slots, steps...), wherever its engine runs."""
+        if self.hosts is not None:
+            return self.hosts[model_id].stats()
+        return await self.models[model_id].stats.remote()
+
     def replica_info(self) -> dict[str, Any]:
-        return replica_info()
+        info = replica_info()
+        if self.hosts is not None:
+            info["models"] = {mid: host.info() for mid, host in self.hosts.items()}
+        return info
+
+    def check_health(self) -> None:
+        for host in (self.hosts or {}).values():
+            host.check_health()
+
+    def __del__(self) -> None:
+        for host in (getattr(self, "hosts", None) or {}).values():
+            host.close()
 
     def _watch_placement(self) -> None:
         """Every few seconds while a model has no running replica: can any node hold one? If not, and no
@@ -154,6 +180,8 @@ class Ingress:
         return cold
 
     async def ready(self) -> dict[str, bool | str]:
+        if self.hosts is not None:
+            return {mid: host.stats().get("error") or bool(host.stats().get("healthy")) for mid, host in self.hosts.items()}
         # A model scaled to zero is ready (the first request waits for a replica); asking it for
         # stats would itself start a replica, so it is not asked.
         try:

@@ -2,86 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
 from typing import Any
 
-import ray
 from ray import serve
 
-from app.config import ModelSpec, place
+from app.config import ModelSpec
 from app.engine import GenerationRequest
-from app.engine.events import Started
-from app.engine.selfcheck import EngineUnavailable, start_engine
-from app.engine.stream import generate_stream
-from app.errors import service_unavailable
 
-from .metrics import EngineGauges
+from .model_host import ModelHost
 from .replica import replica_info
-
-logger = logging.getLogger("ray.serve")
 
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
     def __init__(self, spec: ModelSpec) -> None:
-        # The auto values (threads, GPU layers) are decided here, from what Ray gave this replica.
-        assigned = ray.get_runtime_context().get_assigned_resources()
-        self.spec = place(spec, cpus=assigned.get("CPU"), gpus=len(ray.get_gpu_ids()))
-        logger.info("model %r: n_threads %d, n_threads_batch %d, n_gpu_layers %d (reserved for this replica: %s)",
-                    spec.id, self.spec.n_threads, self.spec.n_threads_batch, self.spec.n_gpu_layers, assigned)
-        # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
-        # instead of a crash that Serve would restart forever.
-        self.engine, self.unavailable = None, None
-        try:
-            self.engine = start_engine(self.spec)
-        except EngineUnavailable as exc:
-            self.unavailable = str(exc)
-            logger.error("%s", exc)
-        self.gauges = EngineGauges(self.spec.id)
-        self._gauge_task: asyncio.Task | None = None
-
-    async def _publish_gauges(self) -> None:
-        while self.engine is not None:
-            self.gauges.update(self.engine.stats())
-            await asyncio.sleep(1.0)
+        self.host = ModelHost(spec)
 
     async def generate(self, request: GenerationRequest):
-        if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
-            self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
-        if self.engine is None:
-            raise service_unavailable(self.unavailable, code="engine_unavailable")
-        async for batch in generate_stream(self.engine, request, self.spec.stream_interval_ms / 1000):
-            if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
-                self.gauges.cache_hit()
+        async for batch in self.host.generate(request):
             yield batch
 
-    def _ready_engine(self):
-        if self.engine is None:
-            raise service_unavailable(self.unavailable, code="engine_unavailable")
-        return self.engine
-
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)
+        return await self.host.tokenize(text, add_special)
 
     async def detokenize(self, tokens: list[int]) -> str:
-        return await asyncio.to_thread(self._ready_engine().detokenize, tokens)
+        return await self.host.detokenize(tokens)
 
     async def stats(self) -> dict[str, Any]:
-        if self.engine is None:
-            return {"model": self.spec.id, "pid": os.getpid(), "healthy": False, "error": self.unavailable}
-        return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
+        return self.host.stats()
 
     def replica_info(self) -> dict[str, Any]:
-        return {**replica_info(), "n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}
+        return {**replica_info(), **self.host.info()}
 
     def check_health(self) -> None:
-        # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.
-        if self.engine is not None and not self.engine.healthy():
-            raise RuntimeError(f"llama.cpp engine for {self.spec.id} is unhealthy: {self.engine.broken}")
+        self.host.check_health()
 
     def __del__(self) -> None:
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close()
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.close()

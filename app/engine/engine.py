@@ -130,6 +130,11 @@ class LlamaEngine:
                     "prompt_cache": self._prompt_cache.stats()}
 
     @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet in a slot (read without the lock: a hint)."""
+        return len(self._waiting)
+
+    @property
     def active(self) -> int:
         """Occupied slots (read without the lock: a hint, not an exact count)."""
         return sum(slot.gen is not None for slot in self._slots)

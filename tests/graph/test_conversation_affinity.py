@@ -21,7 +21,7 @@ SYSTEM = " ".join(f"Rule {i}: the {w} in room {i * 3 % 17} is checked every {i %
 def test_a_conversation_stays_on_the_replica_that_holds_its_prefix():
     from ray.serve.context import _get_global_client
 
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 2048, "n_seq_max": 2, "n_threads": 1, "n_gpu_layers": "auto",
                                "routing": "prefix"}]},

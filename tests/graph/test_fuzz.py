@@ -21,7 +21,7 @@ DEPLOYMENTS = ("Ingress", "ChatProcessor", deployment_name(MODEL))
 @pytest.fixture(scope="module")
 def fcluster():
     # Small completion limits keep the valid requests among the fuzz cheap.
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 4, "max_tokens_limit": 6,
                              "default_max_tokens": 3}],

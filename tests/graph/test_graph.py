@@ -13,14 +13,13 @@ import pytest
 from llama_cpp import Llama
 
 from app.chat_template import render_prompt
-from app.config import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, THINK_MODEL, sse_json
 pytestmark = pytest.mark.timeout(600)
 
 
 def model_stats(cluster) -> dict:
-    return cluster.handle(deployment_name(MODEL)).stats.remote().result()
+    return cluster.model_stats(MODEL)
 
 
 def chat(**kw):

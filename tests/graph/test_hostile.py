@@ -96,7 +96,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray", "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 2}],
                                      "chat_processor": "deployment"}}]})  # every hop sees the hostile input
     with ServeCluster(config, num_cpus=2) as c:

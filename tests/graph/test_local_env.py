@@ -1,13 +1,18 @@
-"""The graph as `make run` starts it: Ray Serve with app/ray_env.py's settings (direct ingress, gRPC
-handles, a slower controller loop) and `chat_processor: ingress` (no ChatProcessor deployment)."""
+"""The graph as `make run` starts it (`llamaray serve-local`): Ray Serve with app/ray_env.py's settings,
+one Ingress replica that renders prompts and runs the model's engine itself (`chat_processor: ingress`,
+`llama_model: ingress`) and serves HTTP on the config's port without Serve's proxy in between."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import os
+import time
+
+import httpx
 import openai
 import pytest
 from ray import serve
 
-from app.ray_env import LOCAL_RAY_ENV
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 
@@ -18,12 +23,49 @@ pytestmark = pytest.mark.timeout(600)
 def cluster():
     config = load_config("configs/local-cpu.yaml", {"applications": [{
         "name": "llamaray", "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 2}]}}]})
-    with ServeCluster(config, num_cpus=2, env=LOCAL_RAY_ENV) as c:
+    with ServeCluster(config, num_cpus=2, serve_local=True) as c:
         yield c
 
 
+def wait_idle(cluster, timeout_s: float = 15) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = cluster.model_stats(MODEL)
+        if stats["running"] == 0 and stats["waiting"] == 0:
+            return stats
+        time.sleep(0.1)
+    raise AssertionError(f"engine still busy: {cluster.model_stats(MODEL)}")
+
+
+def listening_pid(port: int) -> int | None:
+    """The process with a listening TCP socket on `port` (from /proc: no extra dependency)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(fields[9])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[").rstrip("]") in inodes for fd in fds):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_one_replica_serves_http_itself_and_runs_the_model(cluster):
+    assert set(serve.status().applications[APP].deployments) == {"Ingress"}
+    info = cluster.handle("Ingress").replica_info.remote().result()
+    assert info["models"] == {MODEL: {"n_threads": 2, "n_gpu_layers": 0}}
+    # The port clients call is the Ingress replica's own socket, not Serve's proxy's.
+    assert listening_pid(cluster.port) == info["pid"]
+    assert httpx.get(f"{cluster.url}/health", timeout=10).json() == {"status": "ok", "models": {MODEL: True}}
+
+
 def test_make_run_shape_serves_chat_and_streams(cluster):
-    assert set(serve.status().applications[APP].deployments) == {"Ingress", f"LlamaModel-{MODEL}"}
     client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120)
     body = dict(model=MODEL, messages=[{"role": "user", "content": "Name a color."}], max_tokens=12, seed=2)
     whole = client.chat.completions.create(**body)
@@ -31,3 +73,53 @@ def test_make_run_shape_serves_chat_and_streams(cluster):
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
                        if c.choices)
     assert whole.choices[0].message.content and streamed == whole.choices[0].message.content
+    tokens = httpx.post(f"{cluster.url}/tokenize", json={"model": MODEL, "prompt": "Hello there"}, timeout=30).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+
+
+def test_bad_input_is_an_openai_error_from_the_replica(cluster):
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 4},
+                   timeout=30)
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_disconnects_free_the_engine_slots(cluster):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 800,
+            "stream": True, "temperature": 1.0, "min_p": 0.0, "top_k": 0}
+
+    def open_and_drop(_):
+        with httpx.Client(base_url=cluster.url, timeout=30) as c, c.stream("POST", "/v1/chat/completions",
+                                                                          json=body) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    return r.status_code
+        return r.status_code
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(open_and_drop, range(4)))
+    assert codes == [200] * 4
+    stats = wait_idle(cluster)
+    assert stats["healthy"]
+
+
+def test_overload_is_an_openai_503_and_accepted_requests_complete(cluster):
+    # 2 slots and up to 4 waiting per slot (deployments/model_host.py): of 24 at once, some are refused.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16}
+
+    def one(_):
+        r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=120)
+        return r.status_code, r.headers.get("retry-after"), r.json()
+
+    with cf.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(one, range(24)))
+    codes = sorted(r[0] for r in results)
+    assert 200 in codes and 503 in codes and set(codes) == {200, 503}, codes
+    for status, retry_after, reply in results:
+        if status == 503:
+            assert reply["error"]["code"] == "overloaded" and retry_after == "1", reply
+        else:
+            assert reply["usage"]["completion_tokens"] > 0
+    wait_idle(cluster)

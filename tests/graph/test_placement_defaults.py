@@ -35,7 +35,7 @@ def _deployment_details() -> dict:
 
 def test_defaults_from_the_model_entry_and_yaml_wins():
     small = {"n_ctx": 256, "startup_self_check": False}
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "args": {"models": [
             {"id": MODEL, "n_ctx": 512, "n_seq_max": 4, "n_threads": 1},

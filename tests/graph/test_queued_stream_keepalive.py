@@ -27,7 +27,7 @@ LONG = {"max_tokens": 900, "seed": 1, "grammar": 'root ::= w{200}\nw ::= [a-z]{1
 
 @pytest.fixture(scope="module")
 def kcluster():
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 1}],
                  "limits": {"stream_keepalive_s": KEEPALIVE_S}},

@@ -25,7 +25,7 @@ MODEL_DEPLOYMENT = deployment_name(MODEL)
 @pytest.fixture(scope="module")
 def rcluster():
     # Mounted under a route prefix, with keys required: auth must hold wherever the app is mounted.
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "route_prefix": "/llm",
         "args": {

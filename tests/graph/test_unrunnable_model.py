@@ -24,7 +24,7 @@ def cluster(tmp_path_factory, bundled_spec):
     cut = tmp_path_factory.mktemp("models") / "cut.gguf"
     with open(bundled_spec.path, "rb") as src, open(cut, "wb") as dst:
         dst.write(src.read(8 << 20))
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
+    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 2},
                             {"id": BROKEN, "model_path": str(cut), "n_ctx": 256, "n_seq_max": 1,

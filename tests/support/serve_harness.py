@@ -14,6 +14,7 @@ import httpx
 import yaml
 
 from app.config_overlay import merge, without_unused_deployments
+from app.ray_env import local_ray_env
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -39,15 +40,19 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
                  timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
-                 address: str | None = None, require_healthy: bool = True, require_running: bool = True) -> None:
+                 address: str | None = None, require_healthy: bool = True, require_running: bool = True,
+                 serve_local: bool = False) -> None:
         self.require_healthy = require_healthy  # False: RUNNING is enough (a model meant to be unavailable)
         # False (with require_healthy False): an HTTP answer from /health is enough (a model never placed)
         self.require_running = require_running
         self.address = address  # join a running cluster (e.g. an AutoscalingCluster) instead
         self.config = config
-        self.env = env or {}
         self.metrics_port = metrics_port
         self.port = free_port()
+        # serve_local: as `make run` (`llamaray serve-local`) starts it: Ray Serve's local settings, the
+        # Ingress replica serving self.port itself and Serve's proxy on a free port nobody calls.
+        self.serve_local = serve_local
+        self.env = {**(local_ray_env(self.port) if serve_local else {}), **(env or {})}
         # The app's base URL, under its route_prefix (Serve mounts the app there).
         prefix = (config.get("applications") or [{}])[0].get("route_prefix") or "/"
         self.url = f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
@@ -73,7 +78,7 @@ class ServeCluster:
         else:
             ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
                      namespace="serve", log_to_driver=False, **extra)
-        client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": self.port},
+        client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": 0 if self.serve_local else self.port},
                                        proxy_location=ProxyLocation.HeadOnly)
         config = copy.deepcopy(self.config)
         config.pop("http_options", None)
@@ -133,6 +138,10 @@ class ServeCluster:
         if app is None or deployment not in app.deployments:
             return {}
         return {getattr(k, "value", str(k)): v for k, v in app.deployments[deployment].replica_states.items()}
+
+    def model_stats(self, model: str) -> dict[str, Any]:
+        """`model`'s engine stats, from its LlamaModel replica or the Ingress that runs it (via the Ingress)."""
+        return self.handle("Ingress").model_stats.remote(model).result()
 
     def handle(self, deployment: str):
         from ray import serve
