@@ -5,10 +5,10 @@ For each router (`load`: Serve's default power of two choices; `prefix`: deploym
 llamaray is started on a Ray head with 2 logical GPUs (bench/serve_driver.py) from serve_config.yaml
 + configs/local-cpu.yaml + configs/local-graph.yaml (model deployments of their own) +
 configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4 slots of 4096 tokens) + the
-model's `routing` key, then driven by loadtools/conversations.py: 8
-conversations x 6 turns, 4 conversations at a time, sharing a ~1,000-token system prompt, each turn
-sending the history back after a user's think time (`--think`, 1 s on average). Every request records
-its TTFT and usage.prompt_tokens_details.cached_tokens.
+model's `routing` key, then driven by loadtools/conversations.py: 8 conversations x 6 turns, 4
+conversations at a time, sharing a ~1,000-token system prompt (`--context own`: each its own), each
+turn sending the history back after a user's think time (`--think`, 1 s on average). Every request
+records its TTFT and usage.prompt_tokens_details.cached_tokens.
 
 Prints per router: the cache hit ratio (sum of cached / sum of prompt tokens), TTFT p50 / p95 and
 the follow-up turns' TTFT p50, with FAIL next to a missed goal (prefix router: hit ratio >= 0.8 and
@@ -26,10 +26,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from app.ray_env import LOCAL_RAY_ENV
 from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
 from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, comma_names, log, start_run, wait_until_quiet
@@ -66,6 +68,7 @@ class RouterBenchServer(LlamarayServer):
 
     def env(self) -> dict[str, str]:
         env = super().env()
+        env.update(LOCAL_RAY_ENV)  # Serve's settings for one machine; the driver keeps Serve's proxy on the port
         # Ray's workers import app/ and deployments/ from this checkout (an editable install may point
         # at another one).
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -97,7 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=4, help="conversations at a time")
-    p.add_argument("--system-tokens", type=int, default=1000, help="about how long the shared system prompt is")
+    p.add_argument("--system-tokens", type=int, default=1000, help="about how long the system prompt is")
+    p.add_argument("--context", choices=("shared", "own"), default="shared",
+                   help="shared: one system prompt for all conversations (both replicas soon hold it, so a "
+                        "turn on the other replica recomputes only its own history); own: each conversation "
+                        "its own system prompt (a document it is about: a turn on the other replica "
+                        "recomputes all of it)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--think", type=float, default=1.0,
                    help="seconds a user waits before the next turn (times a seeded factor in [0.5, 1.5)); "
@@ -113,8 +121,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
+def system_prompts(ns: argparse.Namespace) -> str | Callable[[int], str]:
+    if ns.context == "own":
+        return lambda c: shared_system_prompt(ns.system_tokens, seed=1000 + c)
+    return shared_system_prompt(ns.system_tokens)
+
+
 async def drive(server: RouterBenchServer, ns: argparse.Namespace) -> dict[str, Any]:
-    system = shared_system_prompt(ns.system_tokens)
+    system = system_prompts(ns)
     common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout)
     # Warm-up: one short conversation with another system prompt (touches both code paths, caches nothing
     # the measured conversations can use).
@@ -178,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
             "workload": {"conversations": ns.conversations, "turns": ns.turns, "concurrency": ns.concurrency,
                          "system_prompt_chars": len(shared_system_prompt(ns.system_tokens)),
+                         "context": ns.context,
                          "max_tokens": ns.max_tokens, "temperature": ns.temperature, "think_s": ns.think,
                          "seeds": f"{SEED_BASE} + 100 * conversation + turn",
                          "replicas": "2 x LlamaModel (1 logical GPU, 1 CPU, n_threads 1, n_seq_max 4, n_ctx 4096)"}}

@@ -28,6 +28,7 @@ from typing import IO
 import httpx
 import yaml
 
+from app.ray_env import port_free
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +229,7 @@ class Server:
         log(f"starting {self.name}: {' '.join(self.cmdline)}")
         self.proc = subprocess.Popen(self.cmdline, cwd=ROOT, env=self.env(), stdout=self._logf,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_interruptible)
         self.wait_healthy()
 
     def wait_healthy(self) -> None:
@@ -336,11 +337,9 @@ class LlamarayServer(Server):
         config = yaml.safe_load(self.config_path.read_text())
         self.port = int(config["http_options"]["port"])
         self.model = config["applications"][0]["args"]["models"][0]["id"]
-        with socket.socket() as s:   # fail early and clearly if the port is taken
-            try:
-                s.bind(("127.0.0.1", self.port))
-            except OSError as exc:
-                raise RuntimeError(f"port {self.port} (configs/bench.yaml) is in use: {exc}") from None
+        why = port_free("127.0.0.1", self.port)  # fail early and clearly if the port is taken
+        if why is not None:
+            raise RuntimeError(f"port {self.port} ({self.config_file}) is {why}")
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="lrb-", dir="/tmp"))  # short: unix socket paths
 
     def command(self) -> list[str]:
@@ -372,6 +371,13 @@ class LlamarayServer(Server):
                     log(f"killed {left} Ray processes left by serve run")
                 shutil.rmtree(self.ray_tmp, ignore_errors=True)
             super().stop()
+
+
+def _interruptible() -> None:
+    """In the server's child process: SIGINT at its default. A bench started in the background of a
+    non-interactive shell inherits SIGINT ignored, and so would every server: `stop()`'s SIGINT, which
+    has the servers shut down in order, would then be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _run_cli(cmd: list) -> None:

@@ -86,16 +86,19 @@ class TurnResult:
 
 async def run_conversations(base_url: str, model: str, *, conversations: int = 8, turns: int = 6,
                             concurrency: int = 4, max_tokens: int = 96, temperature: float = 0.7,
-                            seed_base: int = 0, system_prompt: str | None = None, timeout_s: float = 300.0,
+                            seed_base: int = 0, system_prompt: str | Callable[[int], str] | None = None,
+                            timeout_s: float = 300.0,
                             think_s: float = 0.0,
                             first_conversation: int = 0,
                             on_result: Callable[[TurnResult], None] | None = None,
                             client: httpx.AsyncClient | None = None) -> list[TurnResult]:
     """Results in (conversation, turn) order. A failed turn ends its conversation (its reply is
-    missing, so the next turn has nothing to send back)."""
+    missing, so the next turn has nothing to send back). `system_prompt`: one for every conversation
+    (default: `shared_system_prompt()`), or conversation number -> its own."""
     if conversations < 0 or turns < 1 or concurrency < 1:
         raise ValueError("need conversations >= 0, turns >= 1 and concurrency >= 1")
     system = shared_system_prompt() if system_prompt is None else system_prompt
+    system_of = system if callable(system) else (lambda _c: system)
     url = chat_url(base_url)
     own_client = client is None
     if client is None:
@@ -105,7 +108,7 @@ async def run_conversations(base_url: str, model: str, *, conversations: int = 8
     queue = list(range(first_conversation, first_conversation + conversations))
 
     async def converse(c: int) -> None:
-        messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+        messages: list[dict[str, str]] = [{"role": "system", "content": system_of(c)}]
         rng = random.Random(seed_base + 100 * c)
         for t in range(turns):
             if t and think_s > 0:

@@ -90,6 +90,20 @@ def test_each_turn_sends_the_whole_history_back():
     assert last["stream"] is True and last["stream_options"] == {"include_usage": True}
 
 
+def test_each_conversation_can_have_its_own_system_prompt():
+    async def go():
+        async with ChatFake() as fake:
+            await run_conversations(fake.url, "m", conversations=3, turns=2, concurrency=3,
+                                    system_prompt=lambda c: f"DOC {c}", seed_base=1000)
+            return fake
+
+    fake = asyncio.run(go())
+    by_seed = {b["seed"]: b["messages"][0] for b in fake.requests}
+    for c in range(3):
+        for t in range(2):
+            assert by_seed[1000 + 100 * c + t] == {"role": "system", "content": f"DOC {c}"}
+
+
 def test_summary_ratio_and_ttft():
     async def go():
         async with ChatFake(delay=0.05) as fake:
