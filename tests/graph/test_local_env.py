@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import signal
 import time
 
 import httpx
@@ -123,3 +124,22 @@ def test_overload_is_an_openai_503_and_accepted_requests_complete(cluster):
         else:
             assert reply["usage"]["completion_tokens"] > 0
     wait_idle(cluster)
+
+
+def test_a_killed_replica_comes_back_on_the_same_port(cluster):
+    """Serve replaces the dead Ingress replica (and with it the engine); the new one binds the same port,
+    which nothing holds back (RAY_SERVE_PORT_QUARANTINE_S=0)."""
+    old = cluster.handle("Ingress").replica_info.remote().result()["pid"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    pid = None
+    while time.monotonic() < deadline:
+        pid = listening_pid(cluster.port)
+        if pid not in (None, old) and cluster.healthy():
+            break
+        time.sleep(1)
+    assert pid not in (None, old), "no new replica listens on the port"
+    assert cluster.handle("Ingress").replica_info.remote().result()["pid"] == pid
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
