@@ -45,11 +45,8 @@ class Ingress:
         self.processor = processor
         self.stream_processor = processor.options(stream=True) if processor is not None else None
         self.hosts = {spec.id: ModelHost(spec) for spec in specs} if models is None else None
-        if processor is not None:
-            self.local = None
-        else:
-            self.local = Processing(specs, LocalModels(self.hosts) if self.hosts is not None else HandleModels(models),
-                                    limits)
+        reach = LocalModels(self.hosts) if self.hosts is not None else HandleModels(models or {})
+        self.local = Processing(specs, reach, limits) if processor is None else None
         self.specs = specs
         self.models = models or {}
         # Keys are read here, in the replica's own environment (env var or secret file).
@@ -181,7 +178,8 @@ class Ingress:
 
     async def ready(self) -> dict[str, bool | str]:
         if self.hosts is not None:
-            return {mid: host.stats().get("error") or bool(host.stats().get("healthy")) for mid, host in self.hosts.items()}
+            stats = {mid: host.stats() for mid, host in self.hosts.items()}
+            return {mid: s.get("error") or bool(s.get("healthy")) for mid, s in stats.items()}
         # A model scaled to zero is ready (the first request waits for a replica); asking it for
         # stats would itself start a replica, so it is not asked.
         try:
