@@ -65,10 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if problems else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def serve_local(config_path: Path, *, dry_run: bool = False) -> int:
     """Replaces this process with `serve run` on `config_path` with Serve's proxy moved aside (written next
     to it as <name>.run.yaml) and the environment of app/ray_env.py."""
@@ -91,3 +87,7 @@ def serve_local(config_path: Path, *, dry_run: bool = False) -> int:
     print(f"llamaray: serving on http://{shown}:{port} once the model is loaded (GET /health)", flush=True)
     os.execve(cmd[0], cmd, {**os.environ, **env})
     return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

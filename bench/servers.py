@@ -28,7 +28,7 @@ from typing import IO
 import httpx
 import yaml
 
-from app.ray_env import port_free
+from app.ray_env import http_endpoint, port_free
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,7 +335,7 @@ class LlamarayServer(Server):
                   *[a for o in self.overlays for a in ("--overlay", o)], "-o", self.config_path])
         _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
         config = yaml.safe_load(self.config_path.read_text())
-        self.port = int(config["http_options"]["port"])
+        self.port = http_endpoint(config)[1]
         self.model = config["applications"][0]["args"]["models"][0]["id"]
         why = port_free("127.0.0.1", self.port)  # fail early and clearly if the port is taken
         if why is not None:
