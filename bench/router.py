@@ -5,9 +5,10 @@ For each router (`load`: Serve's default power of two choices; `prefix`: deploym
 llamaray is started on a Ray head with 2 logical GPUs (bench/serve_driver.py) from serve_config.yaml
 + configs/local-cpu.yaml + configs/local-graph.yaml (model deployments of their own) +
 configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4 slots of 4096 tokens) + the
-model's `routing` key, then driven by loadtools/conversations.py: 8 conversations x 6 turns, 4
-conversations at a time, sharing a ~1,000-token system prompt (`--context own`: each its own), each
-turn sending the history back after a user's think time (`--think`, 1 s on average). Every request
+model's `routing` key, then driven by loadtools/conversations.py: 8 conversations x 6 turns, all 8
+live at once (as many as the two replicas have slots), sharing a ~1,000-token system prompt
+(`--context own`: each its own), each turn sending the history back after a user's think time
+(`--think`, 1 s on average). Every request
 records its TTFT and usage.prompt_tokens_details.cached_tokens.
 
 Prints per router: the cache hit ratio (sum of cached / sum of prompt tokens), TTFT p50 / p95 and
@@ -99,7 +100,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated, from: " + ", ".join(ROUTERS))
     p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--concurrency", type=int, default=4, help="conversations at a time")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="conversations at a time (default: all 8, which fill the two replicas' 8 slots; with 4, "
+                        "two a replica, the replica a conversation just left is nearly always the less loaded "
+                        "one, so Serve's router keeps most turns in place by accident)")
     p.add_argument("--system-tokens", type=int, default=1000, help="about how long the system prompt is")
     p.add_argument("--context", choices=("shared", "own"), default="shared",
                    help="shared: one system prompt for all conversations (both replicas soon hold it, so a "
