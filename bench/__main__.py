@@ -3,6 +3,8 @@
 Same bundled model, same thread count, same llama.cpp version (llama-server is built from the
 llama.cpp vendored in the installed llama-cpp-python's sdist). Each server in turn is started,
 driven by loadtools.loadgen's closed loop at each concurrency (one warm-up request first), and stopped.
+With `--rounds 2` (what `make bench` runs) the servers go once forward and once backward (A B C C B A),
+so a machine whose speed drifts during the run favours none of them; each row then pools its rounds.
 Prints one table and writes <out>/bench.json, <out>/bench-requests.json and <out>/bench.png;
 server logs go to <out>/logs/.
 """
@@ -56,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated closed-loop levels")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per level (default: max(24, 3 * concurrency))")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="times each server is measured, in alternating order (forward, then backward, ...); "
+                        "each row pools its rounds' requests (tok/s over their summed wall time)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -65,7 +70,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
     ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]
+    if ns.rounds < 1:
+        p.error("--rounds must be at least 1")
     return ns
+
+
+def run_order(servers: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, server) in the order they run: forward in even rounds, backward in odd ones."""
+    return [(k, name) for k in range(rounds) for name in (servers if k % 2 == 0 else servers[::-1])]
+
+
+def pool_rounds(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One level per (server, concurrency), in first-run order: its rounds' requests summarized
+    together over their summed wall time, cores used averaged by wall time, and each round's tok/s."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for lv in levels:
+        groups.setdefault((lv["server"], lv["concurrency"]), []).append(lv)
+    pooled = []
+    for (server, c), group in groups.items():
+        walls = [lv["summary"]["wall_s"] for lv in group]
+        summary = summarize([r for lv in group for r in lv["results"]], sum(walls))
+        cpus = [lv["cpu"] for lv in group if lv.get("cpu")]
+        cpu = None
+        if cpus:
+            weights = [lv["summary"]["wall_s"] for lv in group if lv.get("cpu")]
+            cpu = {k: round(sum(x[k] * w for x, w in zip(cpus, weights)) / sum(weights), 2) for k in cpus[0]}
+        pooled.append({"server": server, "concurrency": c, "summary": summary, "cpu": cpu,
+                       "rounds_tokens_per_s": [round(lv["summary"]["tokens_per_s"] or 0.0, 1) for lv in group]})
+    return pooled
 
 
 def machine_info() -> dict[str, Any]:
@@ -89,7 +121,7 @@ def llama_server_version(binary: Path) -> list[str] | str:
         return f"? ({exc})"
 
 
-async def bench_server(server, ns) -> list[dict[str, Any]]:
+async def bench_server(server, ns, round_: int = 0) -> list[dict[str, Any]]:
     levels = []
     for c in ns.concurrency:
         n = requests_for(c, ns.requests_per_level)
@@ -110,9 +142,8 @@ async def bench_server(server, ns) -> list[dict[str, Any]]:
             f"{summary['ttft_ms']['p50'] or float('nan'):.0f} ms, {summary['n_failed']} failed/cut, "
             f"{wall:.1f} s; cores used: server {cpu['server_cores']}, load generator "
             f"{cpu['loadgen_cores']}, other processes {cpu['other_cores']}")
-        levels.append({"server": server.name, "concurrency": c, "summary": summary, "cpu": cpu,
-                       "other_load_before": quiet["other_cores"],
-                       "warmup": warm.to_dict(), "requests": [r.to_dict() for r in results]})
+        levels.append({"server": server.name, "concurrency": c, "round": round_, "summary": summary, "cpu": cpu,
+                       "other_load_before": quiet["other_cores"], "warmup": warm.to_dict(), "results": results})
     return levels
 
 
@@ -128,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model),
         "llama_cpp_python": llama_cpp_python_version(),
         "n_threads": N_THREADS, "n_parallel": N_PARALLEL, "ctx_per_sequence": CTX_PER_SEQ,
-        "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency,
+        "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency, "rounds": ns.rounds,
                      "requests_per_level": {c: requests_for(c, ns.requests_per_level) for c in ns.concurrency},
                      "max_tokens": ns.max_tokens, "temperature": ns.temperature,
                      "seeds": f"{SEED_BASE} + request index", "prompts": len(DEFAULT_PROMPTS),
@@ -146,15 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     levels: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     try:
-        for name in ns.servers:
+        for round_, name in run_order(ns.servers, ns.rounds):
+            if name in failures:
+                continue
             server = SERVERS[name](log_dir)
             t0 = time.monotonic()
             try:
                 server.start()
-                meta["servers"][name] = {"command": server.cmdline, "base_url": server.base_url,
-                                         "model": server.model, "startup_s": round(time.monotonic() - t0, 1),
-                                         "log": str(server.log_path)}
-                levels += asyncio.run(bench_server(server, ns))
+                meta["servers"].setdefault(name, {"command": server.cmdline, "base_url": server.base_url,
+                                                  "model": server.model, "log": str(server.log_path),
+                                                  "startup_s": []})["startup_s"].append(
+                    round(time.monotonic() - t0, 1))
+                levels += asyncio.run(bench_server(server, ns, round_))
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # noqa: BLE001 - one broken server must not hide the others
@@ -168,16 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted; servers stopped, writing what was measured")
         failures["interrupted"] = "the run was interrupted; the table is partial"
 
-    table = report.rows(levels)
+    table = report.rows(pool_rounds(levels))
     ratio_rows = report.ratios(table)
     text = report.format_table(table, ratio_rows, failures)
     print(text, flush=True)
     json_path, png_path = out / "bench.json", out / "bench.png"
     report.write_json(json_path, {**meta, "table": table, "ratios": ratio_rows, "failures": failures,
-                                  "levels": [{k: v for k, v in lv.items() if k != "requests"} for lv in levels]})
+                                  "levels": [{k: v for k, v in lv.items() if k != "results"} for lv in levels]})
     report.write_json(out / "bench-requests.json",
-                      {"levels": [{"server": lv["server"], "concurrency": lv["concurrency"],
-                                   "requests": lv["requests"]} for lv in levels]})
+                      {"levels": [{"server": lv["server"], "concurrency": lv["concurrency"], "round": lv["round"],
+                                   "requests": [r.to_dict() for r in lv["results"]]} for lv in levels]})
     if table:
         report.write_chart(png_path, table, f"SmolLM2-135M Q4_1, {os.cpu_count()} CPUs, {N_THREADS} threads, "
                                             f"max_tokens {ns.max_tokens}, llama-cpp-python "

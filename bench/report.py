@@ -41,6 +41,7 @@ def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "completion_tokens_source": s["completion_tokens_source"],
             "wall_s": s["wall_s"],
             "cpu": lv.get("cpu"),
+            "tokens_per_s_rounds": lv.get("rounds_tokens_per_s"),
         })
     return out
 
@@ -83,6 +84,11 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
     line = lambda cells: "  ".join(c.ljust(w) if i in (0, 8, 9, 10) else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     lines = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    by_round = [r for r in table if len(r.get("tokens_per_s_rounds") or ()) > 1]
+    if by_round:
+        lines += ["", "tok/s of each round (servers run forward, then backward; the rows pool the rounds)"]
+        lines += [f"  {r['server']:<17} c={r['concurrency']:<3} "
+                  + " / ".join(f"{v:.1f}" for v in r["tokens_per_s_rounds"]) for r in by_round]
     if ratio_rows:
         lines += ["", "llamaray / peer (tok/s: > 1 is llamaray faster; TTFT p50: < 1 is llamaray faster)"]
         for x in ratio_rows:
