@@ -96,7 +96,7 @@ def pool_rounds(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
             weights = [lv["summary"]["wall_s"] for lv in group if lv.get("cpu")]
             cpu = {k: round(sum(x[k] * w for x, w in zip(cpus, weights)) / sum(weights), 2) for k in cpus[0]}
         pooled.append({"server": server, "concurrency": c, "summary": summary, "cpu": cpu,
-                       "rounds_tokens_per_s": [round(lv["summary"]["tokens_per_s"] or 0.0, 1) for lv in group]})
+                       "tokens_per_s_rounds": [round(lv["summary"]["tokens_per_s"] or 0.0, 1) for lv in group]})
     return pooled
 
 

@@ -41,7 +41,7 @@ def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "completion_tokens_source": s["completion_tokens_source"],
             "wall_s": s["wall_s"],
             "cpu": lv.get("cpu"),
-            "tokens_per_s_rounds": lv.get("rounds_tokens_per_s"),
+            "tokens_per_s_rounds": lv.get("tokens_per_s_rounds"),
         })
     return out
 

@@ -31,7 +31,7 @@ def test_a_row_pools_its_rounds_over_their_summed_time():
     ours = pooled["llamaray"]
     # 300 tokens over 4 s, not the mean of 200/s and 33/s
     assert ours["summary"]["tokens_per_s"] == 75.0 and ours["summary"]["n_requests"] == 3
-    assert ours["rounds_tokens_per_s"] == [200.0, 33.3]
+    assert ours["tokens_per_s_rounds"] == [200.0, 33.3]
     assert ours["summary"]["ttft_ms"]["p50"] == 200.0
     assert ours["cpu"]["server_cores"] == 1.75  # weighted by each round's wall time: (1*1 + 2*3) / 4
     table = report.rows(pool_rounds(levels))
@@ -42,6 +42,6 @@ def test_a_row_pools_its_rounds_over_their_summed_time():
 def test_one_round_is_the_level_itself():
     lv = level("llamaray", 1, 0, [128, 128], 2.0, 0.1)
     [pooled] = pool_rounds([lv])
-    assert pooled["summary"] == lv["summary"] and pooled["rounds_tokens_per_s"] == [128.0]
+    assert pooled["summary"] == lv["summary"] and pooled["tokens_per_s_rounds"] == [128.0]
     text = report.format_table(report.rows([pooled]), [])
     assert "tok/s of each round" not in text
