@@ -66,12 +66,12 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         elif name not in models and name not in CORE_DEPLOYMENTS:
             known = ", ".join([*CORE_DEPLOYMENTS, *models])
             problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
-    options = {name: apply_block(defaults, blocks.get(name)) for name, defaults in CORE_DEPLOYMENTS.items()}
-    if hosted:
+    if hosted:  # the Ingress is the only deployment, and it reserves what the models need
         options = {"Ingress": apply_block(ingress_hosting_defaults(args.models), blocks.get("Ingress"))}
         for model in models.values():
             problems += _gpu_problems("Ingress", model, options["Ingress"], blocks.get("Ingress") or {})
     else:
+        options = {name: apply_block(defaults, blocks.get(name)) for name, defaults in CORE_DEPLOYMENTS.items()}
         for name, model in models.items():
             options[name] = apply_block(model_deployment_defaults(model), blocks.get(name))
             problems += _model_problems(name, model, options[name], blocks.get(name) or {})
