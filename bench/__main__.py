@@ -1,10 +1,17 @@
 """python -m bench: llamaray against llama.cpp's llama-server and llama-cpp-python's server.
 
 Same bundled model, same thread count, same llama.cpp version (llama-server is built from the
-llama.cpp vendored in the installed llama-cpp-python's sdist). Each server in turn is started,
-driven by loadtools.loadgen's closed loop at each concurrency (one warm-up request first), and stopped.
-With `--rounds 2` (what `make bench` runs) the servers go once forward and once backward (A B C C B A),
-so a machine whose speed drifts during the run favours none of them; each row then pools its rounds.
+llama.cpp vendored in the installed llama-cpp-python's sdist). Each level is loadtools.loadgen's
+closed loop at one concurrency (one warm-up request first).
+
+The servers compared with the targets (`--interleave`, default llamaray and llama-server) run side by
+side and take turns level by level: while one is measured, every process of the other (Ray's
+included) is stopped (SIGSTOP), so it takes no CPU, and each level of one server runs within a minute
+of the same level of the other. This machine's speed moves by 10% and more over minutes; a server
+measured minutes after the other could win or lose by that alone. Every round starts the servers
+afresh (nothing cached from an earlier round) and alternates which goes first; each row pools its
+rounds. The other servers run alone afterwards, one round, started and stopped in turn.
+`make bench` runs `--rounds 4`.
 Prints one table and writes <out>/bench.json, <out>/bench-requests.json and <out>/bench.png;
 server logs go to <out>/logs/.
 """
@@ -58,9 +65,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated closed-loop levels")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per level (default: max(24, 3 * concurrency))")
+    p.add_argument("--interleave", default="llamaray,llama-server",
+                   help="servers (of --servers) that run side by side and take turns level by level, the "
+                        "idle ones stopped; '' runs every server alone")
     p.add_argument("--rounds", type=int, default=1,
-                   help="times each server is measured, in alternating order (forward, then backward, ...); "
-                        "each row pools its rounds' requests (tok/s over their summed wall time)")
+                   help="times each level of an interleaved server is measured (the order alternates) or, "
+                        "with --interleave '', each server (forward, then backward, ...); each row pools "
+                        "its rounds' requests (tok/s over their summed wall time)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -70,6 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
     ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]
+    wanted = comma_names(SERVERS)(ns.interleave) if ns.interleave.strip() else []
+    ns.interleave = [n for n in ns.servers if n in wanted]
+    if len(ns.interleave) < 2:   # nothing to take turns with
+        ns.interleave = []
     if ns.rounds < 1:
         p.error("--rounds must be at least 1")
     return ns
@@ -78,6 +93,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_order(servers: list[str], rounds: int) -> list[tuple[int, str]]:
     """(round, server) in the order they run: forward in even rounds, backward in odd ones."""
     return [(k, name) for k in range(rounds) for name in (servers if k % 2 == 0 else servers[::-1])]
+
+
+def turn_order(servers: list[str], concurrency: list[int], rounds: int) -> list[tuple[int, int, str]]:
+    """(round, concurrency, server) for servers taking turns: each level of each round runs every
+    server once, first in one order, at the next level or round in the other."""
+    return [(k, c, name) for k in range(rounds) for j, c in enumerate(concurrency)
+            for name in (servers if (k + j) % 2 == 0 else servers[::-1])]
 
 
 def pool_rounds(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -122,28 +144,110 @@ def llama_server_version(binary: Path) -> list[str] | str:
 
 
 async def bench_server(server, ns, round_: int = 0) -> list[dict[str, Any]]:
-    levels = []
-    for c in ns.concurrency:
-        n = requests_for(c, ns.requests_per_level)
-        common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout)
-        quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
-        [warm] = await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS,
-                                       seed_base=SEED_BASE, first_index=WARMUP_INDEX, **common)
-        log(f"{server.name} c={c}: warm-up {warm.outcome} ({warm.completion_tokens} tokens, "
-            f"{warm.latency_s:.2f} s); {n} requests")
-        meter = CpuMeter(server.session_id)
-        t0 = time.perf_counter()
-        results = await run_closed_loop(server.base_url, server.model, c, n, DEFAULT_PROMPTS,
-                                        seed_base=SEED_BASE, **common)
-        wall = time.perf_counter() - t0
-        cpu = meter.read()
-        summary = summarize(results, wall)
-        log(f"{server.name} c={c}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
-            f"{summary['ttft_ms']['p50'] or float('nan'):.0f} ms, {summary['n_failed']} failed/cut, "
-            f"{wall:.1f} s; cores used: server {cpu['server_cores']}, load generator "
-            f"{cpu['loadgen_cores']}, other processes {cpu['other_cores']}")
-        levels.append({"server": server.name, "concurrency": c, "round": round_, "summary": summary, "cpu": cpu,
-                       "other_load_before": quiet["other_cores"], "warmup": warm.to_dict(), "results": results})
+    return [await bench_level(server, ns, c, round_) for c in ns.concurrency]
+
+
+async def bench_level(server, ns, c: int, round_: int) -> dict[str, Any]:
+    n = requests_for(c, ns.requests_per_level)
+    common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout)
+    quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
+    [warm] = await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS,
+                                   seed_base=SEED_BASE, first_index=WARMUP_INDEX, **common)
+    log(f"{server.name} c={c}: warm-up {warm.outcome} ({warm.completion_tokens} tokens, "
+        f"{warm.latency_s:.2f} s); {n} requests")
+    meter = CpuMeter(server.session_id)
+    t0 = time.perf_counter()
+    results = await run_closed_loop(server.base_url, server.model, c, n, DEFAULT_PROMPTS,
+                                    seed_base=SEED_BASE, **common)
+    wall = time.perf_counter() - t0
+    cpu = meter.read()
+    summary = summarize(results, wall)
+    log(f"{server.name} c={c}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
+        f"{summary['ttft_ms']['p50'] or float('nan'):.0f} ms, {summary['n_failed']} failed/cut, "
+        f"{wall:.1f} s; cores used: server {cpu['server_cores']}, load generator "
+        f"{cpu['loadgen_cores']}, other processes {cpu['other_cores']}")
+    return {"server": server.name, "concurrency": c, "round": round_, "summary": summary, "cpu": cpu,
+            "other_load_before": quiet["other_cores"], "warmup": warm.to_dict(), "results": results}
+
+
+def start_server(name: str, log_dir: Path, meta: dict[str, Any]):
+    """A started server of that name, its start-up time and command recorded in `meta`."""
+    server = SERVERS[name](log_dir)
+    info = meta["servers"].setdefault(name, {"log": str(server.log_path), "startup_s": []})
+    t0 = time.monotonic()
+    try:
+        server.start()
+    except BaseException:
+        server.stop()   # whatever it had started
+        raise
+    finally:
+        info.update(command=server.cmdline, base_url=server.base_url, model=server.model)
+    info["startup_s"].append(round(time.monotonic() - t0, 1))
+    return server
+
+
+def _failed(name: str, exc: Exception, failures: dict[str, str]) -> None:
+    failures[name] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
+    log(f"{name} failed: {exc}")
+
+
+def run_alone(names: list[str], rounds: int, ns, log_dir: Path, meta: dict[str, Any],
+              failures: dict[str, str]) -> list[dict[str, Any]]:
+    """Each server started, measured at every level and stopped in turn (`run_order`)."""
+    levels: list[dict[str, Any]] = []
+    for round_, name in run_order(names, rounds):
+        if name in failures:
+            continue
+        server = None
+        try:
+            server = start_server(name, log_dir, meta)
+            levels += asyncio.run(bench_server(server, ns, round_))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken server must not hide the others
+            _failed(name, exc, failures)
+        finally:
+            if server is not None:
+                log(f"stopping {name}")
+                server.stop()
+    return levels
+
+
+def run_interleaved(ns, log_dir: Path, meta: dict[str, Any], failures: dict[str, str]) -> list[dict[str, Any]]:
+    """Each round: the `--interleave` servers started together (fresh, as a round of `run_alone` starts
+    them: no prompt cached from an earlier round), measured in `turn_order`, each resumed for its level
+    while the others stay paused, then stopped."""
+    levels: list[dict[str, Any]] = []
+    order = turn_order(ns.interleave, ns.concurrency, ns.rounds)
+    for round_ in range(ns.rounds):
+        live: dict[str, Any] = {}
+        try:
+            for name in ns.interleave:
+                if name in failures:
+                    continue
+                try:
+                    live[name] = start_server(name, log_dir, meta)
+                except Exception as exc:  # noqa: BLE001 - one broken server must not hide the others
+                    _failed(name, exc, failures)
+                    continue
+                live[name].pause()   # so that it takes nothing from the next one's start-up
+            for _, c, name in (step for step in order if step[0] == round_):
+                if name not in live or name in failures:
+                    continue
+                server = live[name]
+                server.resume()
+                try:
+                    levels.append(asyncio.run(bench_level(server, ns, c, round_)))
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    _failed(name, exc, failures)
+                finally:
+                    server.pause()
+        finally:
+            for name, server in live.items():
+                log(f"stopping {name}")
+                server.stop()
     return levels
 
 
@@ -176,28 +280,11 @@ def main(argv: list[str] | None = None) -> int:
 
     levels: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
+    alone = [n for n in ns.servers if n not in ns.interleave]
     try:
-        for round_, name in run_order(ns.servers, ns.rounds):
-            if name in failures:
-                continue
-            server = SERVERS[name](log_dir)
-            t0 = time.monotonic()
-            try:
-                server.start()
-                meta["servers"].setdefault(name, {"command": server.cmdline, "base_url": server.base_url,
-                                                  "model": server.model, "log": str(server.log_path),
-                                                  "startup_s": []})["startup_s"].append(
-                    round(time.monotonic() - t0, 1))
-                levels += asyncio.run(bench_server(server, ns, round_))
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one broken server must not hide the others
-                failures[name] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
-                meta["servers"].setdefault(name, {"command": server.cmdline, "log": str(server.log_path)})
-                log(f"{name} failed: {exc}")
-            finally:
-                log(f"stopping {name}")
-                server.stop()
+        if ns.interleave:
+            levels += run_interleaved(ns, log_dir, meta, failures)
+        levels += run_alone(alone, 1 if ns.interleave else ns.rounds, ns, log_dir, meta, failures)
     except KeyboardInterrupt:
         log("interrupted; servers stopped, writing what was measured")
         failures["interrupted"] = "the run was interrupted; the table is partial"

@@ -61,8 +61,13 @@ def ratios(table: list[dict[str, Any]], ours: str = "llamaray") -> list[dict[str
             a, b = mine[key], r[key]
             return a / b if a is not None and b else None
 
+        # Round by round, where both ran the same rounds: how far the pooled ratio moves between them.
+        ours_k, theirs_k = mine.get("tokens_per_s_rounds") or [], r.get("tokens_per_s_rounds") or []
+        per_round = ([a / b if b else None for a, b in zip(ours_k, theirs_k)]
+                     if len(ours_k) == len(theirs_k) > 1 else None)
         out.append({"peer": r["server"], "concurrency": r["concurrency"],
-                    "tokens_per_s": ratio("tokens_per_s"), "ttft_p50": ratio("ttft_p50_ms")})
+                    "tokens_per_s": ratio("tokens_per_s"), "ttft_p50": ratio("ttft_p50_ms"),
+                    "tokens_per_s_rounds": per_round})
     return out
 
 
@@ -86,14 +91,16 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
     lines = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
     by_round = [r for r in table if len(r.get("tokens_per_s_rounds") or ()) > 1]
     if by_round:
-        lines += ["", "tok/s of each round (servers run forward, then backward; the rows pool the rounds)"]
+        lines += ["", "tok/s of each round (the rows pool the rounds)"]
         lines += [f"  {r['server']:<17} c={r['concurrency']:<3} "
                   + " / ".join(f"{v:.1f}" for v in r["tokens_per_s_rounds"]) for r in by_round]
     if ratio_rows:
         lines += ["", "llamaray / peer (tok/s: > 1 is llamaray faster; TTFT p50: < 1 is llamaray faster)"]
         for x in ratio_rows:
+            rounds = x.get("tokens_per_s_rounds")
+            each = f" (rounds {' / '.join(_fmt(v, '.2f') for v in rounds)})" if rounds else ""
             lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{_fmt(x['tokens_per_s'], '.2f')}"
-                         f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}")
+                         f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}{each}")
     checks = target_checks(table, ratio_rows)
     if checks:
         lines += ["", "targets (issue 13; same run, same slots):"]

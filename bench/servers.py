@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 import httpx
@@ -255,6 +255,23 @@ class Server:
         except OSError:
             return ""
 
+    def pause(self) -> None:
+        """SIGSTOP every process of its session (Ray's included): a paused server takes no CPU from the
+        one being measured, and carries on where it was after `resume()`."""
+        self._signal_session(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_session(signal.SIGCONT)
+
+    def _signal_session(self, sig: int) -> None:
+        if self.session_id is None:
+            return
+        for pid, _ in session_procs(self.session_id):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def _signal_group(self, sig: int) -> None:
         if self.proc is None:
             return
@@ -265,6 +282,7 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is not None:
+            self.resume()   # a stopped process would not act on SIGTERM
             self._stop_group(first=signal.SIGTERM, grace_s=20)
         if self._logf is not None:
             self._logf.close()
@@ -355,6 +373,7 @@ class LlamarayServer(Server):
     def stop(self) -> None:
         try:
             if self.proc is not None:
+                self.resume()
                 # SIGINT to `serve run` only (KeyboardInterrupt -> serve.shutdown(), driver exit
                 # stops its Ray processes); the rest of the group is killed afterwards.
                 if self.proc.poll() is None:
@@ -448,9 +467,8 @@ def _machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / _CLK_TCK
 
 
-def _session_cpu_s(sid: int) -> float:
-    """CPU seconds used so far by the live processes of session `sid`."""
-    total = 0
+def session_procs(sid: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of each live process of session `sid`."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -459,8 +477,12 @@ def _session_cpu_s(sid: int) -> float:
         except (OSError, IndexError):
             continue
         if int(rest[3]) == sid:
-            total += int(rest[11]) + int(rest[12])
-    return total / _CLK_TCK
+            yield int(entry.name), rest
+
+
+def _session_cpu_s(sid: int) -> float:
+    """CPU seconds used so far by the live processes of session `sid`."""
+    return sum(int(rest[11]) + int(rest[12]) for _, rest in session_procs(sid)) / _CLK_TCK
 
 
 def _self_cpu_s() -> float:

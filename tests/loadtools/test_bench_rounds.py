@@ -1,9 +1,16 @@
-"""`python -m bench --rounds N`: servers run forward, then backward, and each row pools its rounds."""
+"""`python -m bench --rounds N`: the compared servers take turns level by level (the others run alone,
+forward then backward), and each row pools its rounds."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 from bench import report
-from bench.__main__ import parse_args, pool_rounds, run_order
+from bench.__main__ import parse_args, pool_rounds, run_order, turn_order
+from bench.servers import Server, session_procs
 from loadtools.loadgen import RequestResult, summarize
 
 
@@ -21,6 +28,67 @@ def test_rounds_alternate_direction():
     assert run_order(["a", "b", "c"], 2) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a")]
     assert [n for _, n in run_order(["a", "b"], 3)] == ["a", "b", "b", "a", "a", "b"]
     assert parse_args([]).rounds == 1 and parse_args(["--rounds", "2"]).rounds == 2
+
+
+def test_interleaved_servers_alternate_who_goes_first_per_level_and_round():
+    assert turn_order(["a", "b"], [1, 16], 2) == [(0, 1, "a"), (0, 1, "b"), (0, 16, "b"), (0, 16, "a"),
+                                                  (1, 1, "b"), (1, 1, "a"), (1, 16, "a"), (1, 16, "b")]
+    # over an even number of rounds each server goes first at each level equally often
+    order = turn_order(["a", "b"], [1, 4, 16], 4)
+    for c in (1, 4, 16):
+        firsts = [n for i, (_, cc, n) in enumerate(order) if cc == c and i % 2 == 0]
+        assert sorted(firsts) == ["a", "a", "b", "b"]
+
+
+def test_interleave_takes_the_listed_servers_in_the_servers_order():
+    assert parse_args([]).interleave == ["llamaray", "llama-server"]
+    assert parse_args(["--servers", "llama-server,llamaray"]).interleave == ["llama-server", "llamaray"]
+    assert parse_args(["--interleave", ""]).interleave == []
+    # one server has nobody to take turns with: it runs alone
+    assert parse_args(["--servers", "llamaray,llama-cpp-python"]).interleave == []
+
+
+def test_per_round_ratios_are_printed_next_to_the_pooled_one():
+    levels = [level("llamaray", 16, 0, [100], 1.0, 0.2), level("llama-server", 16, 0, [100], 1.0, 0.2),
+              level("llama-server", 16, 1, [100], 1.0, 0.2), level("llamaray", 16, 1, [90], 1.0, 0.2)]
+    table = report.rows(pool_rounds(levels))
+    [ratio] = report.ratios(table)
+    assert ratio["tokens_per_s"] == 0.95 and ratio["tokens_per_s_rounds"] == [1.0, 0.9]
+    assert "tok/s x0.95   TTFT p50 x1.00 (rounds 1.00 / 0.90)" in report.format_table(table, [ratio])
+
+
+class Sleeper(Server):
+    name = "sleeper"
+
+    def command(self) -> list[str]:   # a parent with a child: both in the session
+        return [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"]
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + 10
+        while len(list(session_procs(self.session_id))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _states(server: Server) -> list[str]:
+    return sorted(rest[0] for _, rest in session_procs(server.session_id))
+
+
+def test_pause_stops_every_process_of_the_session_and_resume_continues_them(tmp_path: Path):
+    server = Sleeper(tmp_path)
+    server.start()
+    try:
+        assert len(_states(server)) == 2 and "T" not in _states(server)
+        server.pause()
+        time.sleep(0.2)
+        assert _states(server) == ["T", "T"]
+        server.resume()
+        time.sleep(0.2)
+        assert "T" not in _states(server)
+        server.pause()
+    finally:
+        server.stop()   # from paused: stop resumes it first, else SIGTERM would wait
+    assert server.proc is not None and server.proc.poll() is not None
+    assert [s for s in _states(server) if s != "Z"] == []   # a zombie waits for init to reap it
 
 
 def test_a_row_pools_its_rounds_over_their_summed_time():
