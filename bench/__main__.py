@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted; servers stopped, writing what was measured")
         failures["interrupted"] = "the run was interrupted; the table is partial"
 
-    table = report.rows(pool_rounds(levels))
+    # rows in --servers order, then by concurrency (interleaved levels run in either order)
+    table = report.rows(sorted(pool_rounds(levels), key=lambda lv: (ns.servers.index(lv["server"]),
+                                                                      lv["concurrency"])))
     ratio_rows = report.ratios(table)
     text = report.format_table(table, ratio_rows, failures)
     print(text, flush=True)
