@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "llama_cpp_python": llama_cpp_python_version(),
         "n_threads": N_THREADS, "n_parallel": N_PARALLEL, "ctx_per_sequence": CTX_PER_SEQ,
         "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency, "rounds": ns.rounds,
+                     "taking_turns": ns.interleave or None,
                      "requests_per_level": {c: requests_for(c, ns.requests_per_level) for c in ns.concurrency},
                      "max_tokens": ns.max_tokens, "temperature": ns.temperature,
                      "seeds": f"{SEED_BASE} + request index", "prompts": len(DEFAULT_PROMPTS),
