@@ -220,13 +220,17 @@ def test_client_disconnect_stops_generation(cluster):
     body = chat(max_tokens=900, stream=True, temperature=1.0, min_p=0.0, top_k=0)
     with httpx.Client(base_url=cluster.url, timeout=60) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            # Held in a name: a `for` over r.iter_lines() would drop the generator at `break`, which
+            # closes the response there, and the server could cancel before the check below.
+            lines = r.iter_lines()
             seen = 0
-            for line in r.iter_lines():
+            for line in lines:
                 if line.startswith("data: "):
                     seen += 1
                 if seen >= 3:
                     break
             assert model_stats(cluster)["running"] == 1
+        # leaving the `with` closes the response: the client is gone
     deadline = time.monotonic() + 10
     while model_stats(cluster)["running"] and time.monotonic() < deadline:
         time.sleep(0.1)
