@@ -51,7 +51,7 @@ test-slow: $(STAMP)
 # threads and llama.cpp version (python -m bench --help): llamaray and llama-server side by side,
 # taking turns level by level (the idle one paused) over four rounds, so the machine's drifting speed
 # favours neither; llama-cpp-python alone once; then the router comparison (bench-router below).
-# Takes ~35 minutes and loads every core;
+# Takes ~25 minutes and loads every core;
 # the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
 # build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
 bench: $(STAMP)
