@@ -95,11 +95,11 @@ def run_order(servers: list[str], rounds: int) -> list[tuple[int, str]]:
     return [(k, name) for k in range(rounds) for name in (servers if k % 2 == 0 else servers[::-1])]
 
 
-def turn_order(servers: list[str], concurrency: list[int], rounds: int) -> list[tuple[int, int, str]]:
-    """(round, concurrency, server) for servers taking turns: each level of each round runs every
-    server once, first in one order, at the next level or round in the other."""
-    return [(k, c, name) for k in range(rounds) for j, c in enumerate(concurrency)
-            for name in (servers if (k + j) % 2 == 0 else servers[::-1])]
+def turn_order(servers: list[str], concurrency: list[int], round_: int) -> list[tuple[int, str]]:
+    """(concurrency, server) for one round of servers taking turns: each level runs every server once,
+    first in one order, at the next level or round in the other."""
+    return [(c, name) for j, c in enumerate(concurrency)
+            for name in (servers if (round_ + j) % 2 == 0 else servers[::-1])]
 
 
 def pool_rounds(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,7 +218,6 @@ def run_interleaved(ns, log_dir: Path, meta: dict[str, Any], failures: dict[str,
     them: no prompt cached from an earlier round), measured in `turn_order`, each resumed for its level
     while the others stay paused, then stopped."""
     levels: list[dict[str, Any]] = []
-    order = turn_order(ns.interleave, ns.concurrency, ns.rounds)
     for round_ in range(ns.rounds):
         live: dict[str, Any] = {}
         try:
@@ -231,8 +230,8 @@ def run_interleaved(ns, log_dir: Path, meta: dict[str, Any], failures: dict[str,
                     _failed(name, exc, failures)
                     continue
                 live[name].pause()   # so that it takes nothing from the next one's start-up
-            for _, c, name in (step for step in order if step[0] == round_):
-                if name not in live or name in failures:
+            for c, name in turn_order(list(live), ns.concurrency, round_):
+                if name in failures:   # failed at an earlier level
                     continue
                 server = live[name]
                 server.resume()
