@@ -42,6 +42,9 @@ class GenerationRequest:
     n: int = 1                     # choices, all from one decode of the prompt
     logprobs: int | None = None    # None: none; k: each token's logprob and its k most likely alternatives
     prompt_logprobs: bool = False  # score the prompt's tokens too (legacy completions' echo)
+    # Whose KV this prompt may reuse and leave behind: prompts of one scope share cached prefixes, prompts of
+    # different scopes never do (an API key's identity and the request's `cache_salt`; "" when neither).
+    cache_scope: str = ""
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""
