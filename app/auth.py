@@ -1,4 +1,5 @@
-"""Optional API keys: `Authorization: Bearer <key>` on everything under /v1.
+"""API keys: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's) on
+every route but /health.
 
 Keys come from an environment variable or a secret file, never from serve_config.yaml itself
 (that file is checked in and shown by `serve status`). Keys are compared in constant time and
@@ -44,14 +45,21 @@ class KeyChecker:
     def enabled(self) -> bool:
         return bool(self.keys)
 
-    def check(self, authorization: str | None) -> bool:
-        if not self.keys:
-            return True
-        if not authorization or not authorization[:7].lower() == "bearer ":
-            return False
-        given = authorization[7:].strip().encode()
+    def match(self, authorization: str | None, api_key: str | None = None) -> bytes | None:
+        """The configured key the request carries (Bearer token, else x-api-key), or None."""
+        given = None
+        if authorization and authorization[:7].lower() == "bearer ":
+            given = authorization[7:].strip().encode()
+        elif api_key:
+            given = api_key.strip().encode()
+        if not given:
+            return None
         # Compare against every key, always: timing does not reveal which key (or prefix) matched.
-        ok = False
+        found = None
         for key in self.keys:
-            ok |= hmac.compare_digest(given, key)
-        return ok
+            if hmac.compare_digest(given, key):
+                found = key
+        return found
+
+    def check(self, authorization: str | None, api_key: str | None = None) -> bool:
+        return not self.keys or self.match(authorization, api_key) is not None

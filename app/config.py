@@ -114,6 +114,10 @@ class AuthConfig(BaseModel):
     api_keys_env: str | None = Field("LLAMARAY_API_KEYS", description="env var with comma-separated keys")
     api_keys_file: str | None = Field(None, description="file with one key per line")
     required: bool = Field(False, description="refuse to start a replica that loads no key (fail closed)")
+    cache_isolation: Literal["per_key", "shared"] = Field(
+        "per_key", description="`per_key`: a prompt reuses cached prefixes (KV, prompt cache, prefix routing) only "
+                               "of prompts sent with the same API key, so `cached_tokens` tells no caller what "
+                               "another sent; `shared`: all callers share them (more reuse, one trust domain)")
 
 
 class AppArgs(BaseModel):
@@ -122,22 +126,18 @@ class AppArgs(BaseModel):
     models: list[ModelConfig] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
-    chat_processor: Literal["deployment", "ingress"] = Field(
-        "deployment", description="where prompts are rendered and replies shaped: a ChatProcessor deployment "
-                                  "of its own (scales apart from the Ingress: clusters), or inside the Ingress "
-                                  "replica (one Ray hop less for every streamed item: small machines)")
-    llama_model: Literal["deployment", "ingress"] = Field(
-        "deployment", description="where the models' llama.cpp engines run: a LlamaModel deployment per model "
-                                  "(replicas scale, get GPUs and are routed to: clusters), or inside the Ingress "
-                                  "replica, with the HTTP server and no Ray hop per streamed item (one machine "
-                                  "serving one replica; needs `chat_processor: ingress`)")
+    topology: Literal["graph", "single"] = Field(
+        "graph", description="`graph`: an Ingress, a ChatProcessor and one LlamaModel deployment per model, each "
+                             "scaled on its own (clusters); `single`: one Ingress replica that also renders prompts "
+                             "and runs the engines, with no Ray hop per streamed item (one small machine)")
 
-    @model_validator(mode="after")
-    def _engines_with_processing(self) -> "AppArgs":
-        if self.llama_model == "ingress" and self.chat_processor != "ingress":
-            raise ValueError("`llama_model: ingress` needs `chat_processor: ingress`: the engines run where the "
-                             "prompts are rendered")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ({"chat_processor", "llama_model"} & set(data)):
+            raise ValueError("`chat_processor` and `llama_model` were replaced by `topology`: write `topology: single` "
+                             "for one replica that runs everything, `topology: graph` for the deployment graph")
+        return data
 
     @model_validator(mode="after")
     def _unique(self) -> "AppArgs":

@@ -33,12 +33,25 @@ from .prefix_routing import ROUTER_KWARGS
 from .preflight import preflight
 
 
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
     problems = []
+    host = str((config.get("http_options") or {}).get("host", "127.0.0.1"))  # Serve's default: loopback
     for app in config.get("applications") or []:
         name = app.get("name", "?")
         problems += [f"{name}: {line}" for line in check_application(app, cluster)]
+        if host not in LOOPBACK and not _requires_keys(app):
+            problems.append(f"{name}: serves on {host} (beyond this machine) without `auth.required: true`: "
+                            f"anyone who reaches the port could use the models; require keys (and give the "
+                            f"replicas LLAMARAY_API_KEYS), or bind 127.0.0.1")
     return problems
+
+
+def _requires_keys(app: dict[str, Any]) -> bool:
+    auth = (app.get("args") or {}).get("auth")
+    return isinstance(auth, dict) and auth.get("required") is True
 
 
 def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
@@ -54,19 +67,16 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         problems.append(str(exc))
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
     models = {deployment_name(m.id): m for m in args.models}
-    hosted = args.llama_model == "ingress"
+    single = args.topology == "single"
     for name in blocks:
-        if name == "ChatProcessor" and args.chat_processor == "ingress":
-            problems.append("deployment 'ChatProcessor' has a block, but `chat_processor: ingress` runs its work "
-                            "inside the Ingress (no such deployment): remove the block (render-config does)")
-        elif name in models and hosted:
-            problems.append(f"deployment {name!r} has a block, but `llama_model: ingress` runs the engines inside "
-                            "the Ingress (no such deployment): remove the block (render-config does), and give the "
-                            "Ingress the model's resources")
+        if single and (name == "ChatProcessor" or name in models):
+            problems.append(f"deployment {name!r} has a block, but `topology: single` runs everything inside the "
+                            "Ingress (no such deployment): remove the block (render-config does), and give the "
+                            "Ingress the models' resources")
         elif name not in models and name not in CORE_DEPLOYMENTS:
             known = ", ".join([*CORE_DEPLOYMENTS, *models])
             problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
-    if hosted:  # the Ingress is the only deployment, and it reserves what the models need
+    if single:  # the Ingress is the only deployment, and it reserves what the models need
         options = {"Ingress": apply_block(ingress_hosting_defaults(args.models), blocks.get("Ingress"))}
         for model in models.values():
             problems += _gpu_problems("Ingress", model, options["Ingress"], blocks.get("Ingress") or {})

@@ -42,17 +42,14 @@ def merge(base: Any, overlay: Any) -> Any:
 
 
 def without_unused_deployments(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with the blocks of deployments an application does not have: `ChatProcessor` where its
-    args say `chat_processor: ingress`, and every model's where they say `llama_model: ingress` (only the
-    Ingress is left). Serve refuses a block for a deployment that does not exist."""
+    """The config with the blocks of deployments an application does not have: with `topology: single` only
+    the Ingress exists (no ChatProcessor, no model deployments). Serve refuses a block for a deployment
+    that does not exist."""
     out = copy.deepcopy(config)
     for app in out.get("applications") or []:
         args = app.get("args") or {}
-        unused = set()
-        if args.get("chat_processor") == "ingress":
-            unused.add("ChatProcessor")
-        if args.get("llama_model") == "ingress":
-            unused.update(deployment_name(str(m.get("id"))) for m in args.get("models") or [])
-        if unused and app.get("deployments"):
-            app["deployments"] = [d for d in app["deployments"] if d.get("name") not in unused]
+        if args.get("topology") != "single" or not app.get("deployments"):
+            continue
+        unused = {"ChatProcessor", *(deployment_name(str(m.get("id"))) for m in args.get("models") or [])}
+        app["deployments"] = [d for d in app["deployments"] if d.get("name") not in unused]
     return out

@@ -107,7 +107,7 @@ def empty_reply() -> APIError:
 
 
 def unauthorized() -> APIError:
-    return APIError("Incorrect or missing API key. Send `Authorization: Bearer <key>`.", status=401,
+    return APIError("Incorrect or missing API key. Send `Authorization: Bearer <key>` or `x-api-key: <key>`.", status=401,
                     type="invalid_request_error", code="invalid_api_key")
 
 

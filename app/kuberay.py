@@ -9,6 +9,7 @@ deployments) and one GPU worker group that KubeRay's in-tree autoscaler grows fr
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -33,8 +34,17 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(_Block, _block)
 
 
+# The API keys every replica reads (app/auth.py, `auth.api_keys_env`), from a Secret the operator creates:
+#   kubectl create secret generic llamaray-api-keys --from-literal=keys="$(openssl rand -hex 32)"
+# Not optional: without the Secret no pod starts, so the production shape never serves without keys.
+API_KEYS_SECRET = "llamaray-api-keys"
+API_KEYS_ENV = {"name": "LLAMARAY_API_KEYS",
+                "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": "keys"}}}
+
+
 def _container(name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None) -> dict:
-    container: dict[str, Any] = {"name": name, "image": image, "resources": {"requests": dict(resources), "limits": dict(resources)}}
+    container: dict[str, Any] = {"name": name, "image": image, "env": [copy.deepcopy(API_KEYS_ENV)],
+                                 "resources": {"requests": dict(resources), "limits": dict(resources)}}
     if ports:
         container["ports"] = ports
     return container

@@ -158,24 +158,50 @@ class _SamplingChecks(_Model):
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         return check_logit_bias(v)
 
+    @field_validator("cache_salt", check_fields=False)
+    @classmethod
+    def _cache_salt(cls, v: str | None) -> str | None:
+        return check_cache_salt(v)
+
 
 # ---- the request -------------------------------------------------------------------------------
 
+MAX_STOP_SEQUENCES = 4       # OpenAI's
+MAX_STOP_CHARS = 512         # each; the stream holds back as much text as the longest stop sequence
+MAX_LOGIT_BIAS = 300         # OpenAI's: entries in one `logit_bias`
+MAX_CACHE_SALT_CHARS = 256
+
+
 def check_stop(v: str | list[str] | None) -> str | list[str] | None:
-    if isinstance(v, list):
-        if len(v) > 4:
-            raise ValueError("at most 4 stop sequences are allowed")
-        if any(s == "" for s in v):
-            raise ValueError("stop sequences must not be empty")
+    stops = [v] if isinstance(v, str) else v or []
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+    if any(s == "" for s in stops) and isinstance(v, list):
+        raise ValueError("stop sequences must not be empty")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"each stop sequence may have at most {MAX_STOP_CHARS} characters; one has {longest}")
     return v
 
 
 def check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    if v is not None and len(v) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased; got {len(v)}")
+    seen: dict[int, str] = {}
     for key, bias in (v or {}).items():
         if not key.isascii() or not key.isdigit() or len(key) > 9:
             raise ValueError(f"keys must be token ids (integers as strings); got {key!r}")
         if not -100 <= bias <= 100:
             raise ValueError(f"bias values must be between -100 and 100; got {bias} for token {key}")
+        if int(key) in seen:  # "1" and "01" name one token: two biases would add up past the range
+            raise ValueError(f"token {int(key)} is biased twice ({seen[int(key)]!r} and {key!r})")
+        seen[int(key)] = key
+    return v
+
+
+def check_cache_salt(v: str | None) -> str | None:
+    if v is not None and not 1 <= len(v) <= MAX_CACHE_SALT_CHARS:
+        raise ValueError(f"`cache_salt` must have 1 to {MAX_CACHE_SALT_CHARS} characters")
     return v
 
 
@@ -216,6 +242,9 @@ class ChatCompletionRequest(_SamplingChecks):
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
     include_reasoning: bool | None = True
+    # Prompt-cache controls, as vLLM (`cache_salt`) and llama-server (`cache_prompt`) take them.
+    cache_salt: str | None = None
+    cache_prompt: bool | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -361,6 +390,8 @@ class CompletionRequest(_SamplingChecks):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
+    cache_salt: str | None = None
+    cache_prompt: bool | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -1,7 +1,8 @@
-"""The HTTP surface (Starlette): validate, pick the model, hand off to the backend, frame SSE.
+"""The HTTP surface (Starlette): authenticate, validate, pick the model, hand off to the processing, frame SSE.
 
-Kept thin on purpose: no per-token work beyond SSE framing happens here. The backend (the
-ChatProcessor deployment in production, a fake in unit tests) does prompt and reply work.
+Kept thin on purpose: no per-token work beyond SSE framing happens here. The processing (the
+ChatProcessor deployment over a Ray handle, the same code in this process, a fake in unit tests) does
+prompt and reply work.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,30 +30,13 @@ from .openapi import openapi_document
 from .schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
+from .serving.caller import ANONYMOUS, Caller
+from .serving.health import HealthCache, health_body
+from .serving.models import READY, ModelState
+from .serving.processing import Processing
 from .sse import SSE_HEADERS, frame_stream
 
 log = logging.getLogger("llamaray.server")
-
-
-class ChatBackend(Protocol):
-    """Gets the request as validated here, once (the ChatProcessor in production)."""
-
-    async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]: ...
-
-    def stream(self, request: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
-        """Chunk batches. An empty first batch says "accepted" (planned, waiting for the model)."""
-
-    async def text_complete(self, request: CompletionRequest) -> dict[str, Any]: ...
-
-    def text_stream(self, request: CompletionRequest) -> AsyncIterator[list[dict[str, Any]]]: ...
-
-    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]: ...
-
-    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]: ...
-
-    async def ready(self) -> dict[str, bool | str]:
-        """Per model: True (serving), False (loading), or why it cannot serve on this node."""
-
 
 
 @dataclass(frozen=True)
@@ -146,44 +130,50 @@ async def _read_json(request: Request, limit: int) -> Any:
     return value
 
 
-class Endpoints:
-    """The route handlers, over one backend, its model cards and the server's settings."""
+def caller_of(request: Request) -> Caller | None:
+    """Who sent the request, as the key middleware found it (None: no valid key on an open route)."""
+    return request.scope.get("state", {}).get(CALLER_STATE, ANONYMOUS)
 
-    def __init__(self, backend: ChatBackend, models: list[ModelCard], settings: ServerSettings) -> None:
-        self.backend = backend
+
+class Endpoints:
+    """The route handlers, over the processing, the models' health, their cards and the server's settings."""
+
+    def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
+                 settings: ServerSettings) -> None:
+        self.processing = processing
+        self.health_cache = health
         self.cards = {m.id: m for m in models}
         self.settings = settings
         self.spec = openapi_document()
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_chat_request, self.backend.complete, self.backend.stream)
+        return await self._generate(request, parse_chat_request)
 
     async def completions(self, request: Request) -> Response:
         """OpenAI's legacy text completions."""
-        return await self._generate(request, lambda body: parse_request(CompletionRequest, body),
-                                    self.backend.text_complete, self.backend.text_stream)
+        return await self._generate(request, lambda body: parse_request(CompletionRequest, body))
 
-    async def _generate(self, request: Request, parse: Callable[[Any], Any], complete: Callable[[Any], Any],
-                        stream: Callable[[Any], AsyncIterator[list[dict[str, Any]]]]) -> Response:
+    async def _generate(self, request: Request, parse: Callable[[Any], Any]) -> Response:
         try:
             req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
+            caller = caller_of(request) or ANONYMOUS
             if not req.stream:
-                return JSONResponse(await complete(req))
-            events, first = await self._open_stream(stream(req))
+                return JSONResponse(await self.processing.respond(req, caller))
+            events, first = await self._open_stream(self.processing.stream(req, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
         return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def tokenize(self, request: Request) -> Response:
-        return await self._answer(request, TokenizeRequest, self.backend.tokenize)
+        return await self._answer(request, TokenizeRequest, self.processing.tokenize)
 
     async def detokenize(self, request: Request) -> Response:
-        return await self._answer(request, DetokenizeRequest, self.backend.detokenize)
+        return await self._answer(request, DetokenizeRequest, self.processing.detokenize)
 
-    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any], Any]) -> Response:
+    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any]) -> Response:
         try:
             req = self._checked(parse_request(model, await _read_json(request, self.settings.max_body_bytes)))
-            return JSONResponse(await handle(req))
+            return JSONResponse(await handle(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
 
@@ -225,21 +215,19 @@ class Endpoints:
         return JSONResponse(self.cards[model_id].to_dict())
 
     async def health(self, request: Request) -> Response:
-        try:
-            ready = await self.backend.ready()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("health check failed: %s", exc)
-            ready = {m: False for m in self.cards}
-        ok = bool(ready) and all(ready.get(m) is True for m in self.cards)
-        errors = {m: v for m, v in ready.items() if isinstance(v, str)}
-        body: dict[str, Any] = {"status": "ok" if ok else "unavailable" if errors else "loading",
-                                "models": {m: v is True for m, v in ready.items()}}
-        if errors:
-            body["errors"] = errors
-        return JSONResponse(body, status_code=200 if ok else 503)
+        states = await self.health_cache.get()
+        detailed = not self.settings.keys.enabled or caller_of(request) is not None
+        status, body = health_body(states, list(self.cards), detailed)
+        return JSONResponse(body, status_code=status)
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(self.spec)
+
+
+def _all_ready(models: list[ModelCard]):
+    async def states() -> dict[str, ModelState]:
+        return {m.id: READY for m in models}
+    return states
 
 
 async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
@@ -270,9 +258,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
-def build_http_app(backend: ChatBackend, models: list[ModelCard], settings: ServerSettings | None = None) -> Starlette:
+def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
+                   health: HealthCache | None = None) -> Starlette:
+    """The app over `processing`. `health`: where /health reads the models' states (None: every model is
+    reported ready, for an app with no models of its own to watch)."""
     settings = settings or ServerSettings()
-    api = Endpoints(backend, models, settings)
+    health = health or HealthCache(_all_ready(models), [m.id for m in models])
+    api = Endpoints(processing, health, models, settings)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -292,6 +284,7 @@ def build_http_app(backend: ChatBackend, models: list[ModelCard], settings: Serv
 
 OPEN_PATHS = frozenset({"/health"})
 """Routes answered without a key (probes and load balancers). Everything else needs one."""
+CALLER_STATE = "llamaray.caller"
 
 
 def route_path(scope: Any) -> str:
@@ -301,18 +294,23 @@ def route_path(scope: Any) -> str:
 
 
 class APIKeyMiddleware:
-    """Fails closed: every route but OPEN_PATHS needs a key, whatever prefix the app is mounted under."""
+    """Fails closed: every route but OPEN_PATHS needs a key, whatever prefix the app is mounted under.
+    The caller's identity (a digest of its key) goes into the request's state for the handlers; on an
+    open route a request without a valid key gets None there."""
 
     def __init__(self, app: Any, keys: KeyChecker) -> None:
         self.app = app
         self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and route_path(scope) not in OPEN_PATHS:
-            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            if not self.keys.check(auth):
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            key = self.keys.match(headers.get(b"authorization", b"").decode("latin-1"),
+                                  headers.get(b"x-api-key", b"").decode("latin-1"))
+            if key is None and route_path(scope) not in OPEN_PATHS:
                 await error_response(unauthorized())(scope, receive, send)
                 return
+            scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
         await self.app(scope, receive, send)
 
 

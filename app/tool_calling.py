@@ -74,7 +74,8 @@ def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[st
         params = fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
         where = f"tools[{i}].function.parameters"
         if params.get("type", "object") != "object":
-            raise invalid_request("Function parameters must be a JSON Schema of type `object`.", param=where,
+            raise invalid_request(f"Invalid schema for function `{fn.name}`: its parameters must be a JSON Schema "
+                                  f"of type `object`, got type {json.dumps(params.get('type'))}.", param=where,
                                   code="invalid_function_parameters")
         if fn.name in tools:
             raise invalid_request(f"Duplicate function name `{fn.name}`.", param=f"tools[{i}].function.name")

@@ -28,7 +28,7 @@ from typing import IO
 import httpx
 import yaml
 
-from app.ray_env import http_endpoint, port_free
+from app.ray_env import http_endpoint, port_state
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,9 +355,9 @@ class LlamarayServer(Server):
         config = yaml.safe_load(self.config_path.read_text())
         self.port = http_endpoint(config)[1]
         self.model = config["applications"][0]["args"]["models"][0]["id"]
-        why = port_free("127.0.0.1", self.port)  # fail early and clearly if the port is taken
-        if why is not None:
-            raise RuntimeError(f"port {self.port} ({self.config_file}) is {why}")
+        state = port_state("127.0.0.1", self.port)  # fail early and clearly if the port is taken
+        if state != "free":
+            raise RuntimeError(f"port {self.port} ({self.config_file}) is {state}")
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="lrb-", dir="/tmp"))  # short: unix socket paths
 
     def command(self) -> list[str]:

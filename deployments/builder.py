@@ -1,4 +1,5 @@
-"""The application builder named in serve_config.yaml: validated args -> deployment graph."""
+"""The application builder named in serve_config.yaml: validated args -> the deployment graph of the
+configured topology, each shape a complete set of deployment classes."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from typing import Any
 
 from ray.serve import Application
 
-from app.config import deployment_name, parse_args, resolve_models
+from app.config import AppArgs, ModelSpec, deployment_name, parse_args, resolve_models
 from app.placement import ingress_hosting_defaults, model_deployment_defaults
 from app.preflight import preflight
 
 from .chat_processor import ChatProcessor
-from .ingress import Ingress
+from .ingress import GraphIngress, SingleIngress
 from .llama_model import LlamaModel
 
 
@@ -21,15 +22,23 @@ def build_app(args: dict[str, Any]) -> Application:
     for spec in specs:
         preflight(spec)
     # The resolved specs and validated configs go to the replicas as they are (they pickle).
-    # Each model deployment's options are derived from its model entry (GPU, slots, autoscaling); Ray
-    # Serve applies a `deployments:` block of the config file on top, key by key, so the YAML wins.
-    if parsed.llama_model == "ingress":  # the engines run in the Ingress replica (chat_processor: ingress too)
-        return Ingress.options(**ingress_hosting_defaults(parsed.models)).bind(None, specs, None, parsed.limits,
-                                                                               parsed.auth)
+    build = build_single if parsed.topology == "single" else build_graph
+    return build(parsed, specs)
+
+
+def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
+    """Ingress -> ChatProcessor -> one LlamaModel-<id> per model, each deployment scaled on its own. Each
+    model deployment's options are derived from its model entry (GPU, slots, autoscaling); Ray Serve applies
+    a `deployments:` block of the config file on top, key by key, so the YAML wins."""
     models = {
         spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg)).bind(spec)
         for spec, cfg in zip(specs, parsed.models)
     }
-    # chat_processor: ingress runs the ChatProcessor's work inside the Ingress (no deployment of its own).
-    processor = ChatProcessor.bind(specs, models, parsed.limits) if parsed.chat_processor == "deployment" else None
-    return Ingress.bind(processor, specs, models, parsed.limits, parsed.auth)
+    processor = ChatProcessor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key")
+    return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth)
+
+
+def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
+    """One Ingress replica that also renders prompts and runs the models' engines: it reserves what their
+    LlamaModel replicas would."""
+    return SingleIngress.options(**ingress_hosting_defaults(parsed.models)).bind(specs, parsed.limits, parsed.auth)

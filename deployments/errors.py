@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
 from app.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
+
+T = TypeVar("T")
 
 
 def to_api_error(exc: BaseException) -> APIError:
@@ -21,3 +26,12 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ray_exc.RayTaskError) and exc.cause is not None:
         return to_api_error(exc.cause)
     return internal_error()
+
+
+async def call_mapped(start: Callable[[], Awaitable[T]]) -> T:
+    """`await start()` (a handle call), with Ray's failures raised as API errors. `start` runs inside the
+    mapping, so a failure while the call is placed is mapped too."""
+    try:
+        return await start()
+    except Exception as exc:  # noqa: BLE001 - back-pressure, dead replicas... as OpenAI errors
+        raise to_api_error(exc) from None

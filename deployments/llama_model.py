@@ -8,7 +8,9 @@ from ray import serve
 
 from app.config import ModelSpec
 from app.engine import GenerationRequest
+from app.serving.models import ModelState
 
+from . import model_status
 from .model_host import ModelHost
 from .replica import replica_info
 
@@ -17,6 +19,16 @@ from .replica import replica_info
 class LlamaModel:
     def __init__(self, spec: ModelSpec) -> None:
         self.host = ModelHost(spec)
+        context = serve.get_replica_context()
+        self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
+        self._published: ModelState | None = None
+        self._publish()
+
+    def _publish(self) -> None:
+        state = self.host.state()
+        if state != self._published:
+            model_status.publish(*self._where, state)
+            self._published = state
 
     async def generate(self, request: GenerationRequest):
         async for batch in self.host.generate(request):
@@ -35,9 +47,12 @@ class LlamaModel:
         return {**replica_info(), **self.host.info()}
 
     def check_health(self) -> None:
+        self._publish()
         self.host.check_health()
 
     def __del__(self) -> None:
         host = getattr(self, "host", None)
         if host is not None:
             host.close()
+        if getattr(self, "_where", None):
+            model_status.withdraw(*self._where)

@@ -17,6 +17,7 @@ from app.engine.events import Event, Started
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.errors import overloaded, service_unavailable
+from app.serving.models import READY, ModelState
 
 from .metrics import EngineGauges
 
@@ -78,6 +79,14 @@ class ModelHost:
         if self.engine is None:
             return {"model": self.spec.id, "pid": os.getpid(), "healthy": False, "error": self.unavailable}
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
+
+    def state(self) -> ModelState:
+        """Whether this engine serves, without taking its lock (read by /health)."""
+        if self.engine is None:
+            return ModelState("unavailable", self.unavailable)
+        if not self.engine.healthy():
+            return ModelState("unavailable", f"the llama.cpp engine stopped: {self.engine.broken}")
+        return READY
 
     def info(self) -> dict[str, Any]:
         return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}

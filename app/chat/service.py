@@ -13,6 +13,7 @@ from ..engine.events import Event, Finished, Started, Text, TokenLogprob
 from ..errors import empty_reply, invalid_request, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import ChatCompletionRequest
+from ..serving.caller import ANONYMOUS, Caller, cache_scope
 from ..tool_calling import resolve_reply_format
 from .choices import ChoiceSplitter, merge
 from .plan import GenerationPlan, plan_request
@@ -66,24 +67,28 @@ def usage(choices: list[Choice]) -> dict[str, Any]:
 
 class ChatService:
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
-                 observer: RequestObserver | None = None) -> None:
+                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         self.models = {s.id: s for s in specs}
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
                         for s in specs}
         self.open_stream = open_stream
         self.limits = limits or Limits()
         self.observer = observer or NullObserver()
+        self.per_key_cache = per_key_cache
 
-    async def plan(self, req: ChatCompletionRequest) -> GenerationPlan:
+    async def plan(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
         """The request's plan, built off the event loop (template rendering and grammar building are
         CPU work) and within limits.grammar_timeout_s."""
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
-        return await off_loop(self.limits, plan_request, req, spec, self.formats[spec.id], self.limits)
+        plan = await off_loop(self.limits, plan_request, req, spec, self.formats[spec.id], self.limits)
+        plan.gen.cache_scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
+        plan.gen.cache_prompt = req.cache_prompt is not False
+        return plan
 
-    async def complete(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        plan = await self.plan(req)
+    async def complete(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
+        plan = await self.plan(req, caller)
         choices = [Choice(plan) for _ in range(plan.gen.n)]
         failure: BaseException | None = None
         try:
@@ -104,10 +109,10 @@ class ChatService:
             bodies.append(chat_choice(index, message, finish, choice.logprobs if choice.wants_logprobs else None))
         return completion_body(plan.gen.request_id, req.model, bodies, usage(choices))
 
-    async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
         """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
         and come before it), so the Ingress can answer with headers while the model is awaited."""
-        plan = await self.plan(req)
+        plan = await self.plan(req, caller)
         choices = [Choice(plan) for _ in range(plan.gen.n)]
         chunks = ChunkMaker(plan.gen.request_id, req.model, req.include_usage)
         failure: BaseException | None = None

@@ -22,6 +22,7 @@ from ..engine.params import GenerationRequest
 from ..errors import APIError, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import CompletionRequest
+from ..serving.caller import ANONYMOUS, Caller, cache_scope
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ class CompletionPlan:
     n: int
 
 
-def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits) -> CompletionPlan:
+def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, scope: str = "") -> CompletionPlan:
     """The request's generations: its prompts as they are (no template; the client writes the whole
     input, so control-token text in it is parsed as llama-server and vLLM do), shared sampling."""
     check_completion_limit(req.max_tokens, "max_tokens", spec)
@@ -47,7 +48,8 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits) -> 
     score_prompt = bool(req.echo) and req.logprobs is not None
     gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
                               max_tokens=req.max_tokens, stop=req.stop_list, sampling=replace(sampling), n=n,
-                              logprobs=req.logprobs, prompt_logprobs=score_prompt)
+                              logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
+                              cache_prompt=req.cache_prompt is not False)
             for p, prompt in enumerate(req.prompts)]
     return CompletionPlan(req, spec, request_id, gens, n)
 
@@ -109,17 +111,19 @@ async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
 
 class CompletionService:
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
-                 observer: RequestObserver | None = None) -> None:
+                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         self.models = {s.id: s for s in specs}
         self.open_stream = open_stream
         self.limits = limits or Limits()
         self.observer = observer or NullObserver()
+        self.per_key_cache = per_key_cache
 
-    async def plan(self, req: CompletionRequest) -> CompletionPlan:
+    async def plan(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> CompletionPlan:
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
-        return await off_loop(self.limits, plan_completion, req, spec, self.limits)
+        scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
+        return await off_loop(self.limits, plan_completion, req, spec, self.limits, scope)
 
     def _choices(self, plan: CompletionPlan) -> list[Choice]:
         req = plan.req
@@ -171,8 +175,8 @@ class CompletionService:
         return [maker.chunk(c.index, text, c.logprobs.take() if c.logprobs else None, finish)
                 for c, text, finish in parts if text is not None and (text or finish or c.logprobs)]
 
-    async def complete(self, req: CompletionRequest) -> dict[str, Any]:
-        plan = await self.plan(req)
+    async def complete(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
+        plan = await self.plan(req, caller)
         choices, tally = self._choices(plan), ReplyTally()
         failure: BaseException | None = None
         try:
@@ -186,8 +190,8 @@ class CompletionService:
             self.observer.record(tally.record(plan.spec.id, False, failure))
         return CompletionMaker(plan.request_id, req.model).body([c.body() for c in choices], tally.usage())
 
-    async def stream(self, req: CompletionRequest) -> AsyncIterator[list[dict[str, Any]]]:
-        plan = await self.plan(req)
+    async def stream(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
+        plan = await self.plan(req, caller)
         choices, tally = self._choices(plan), ReplyTally()
         maker = CompletionMaker(plan.request_id, req.model)
         failure: BaseException | None = None

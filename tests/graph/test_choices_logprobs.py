@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import MODEL, sse_json
+from tests.support.serve_harness import MODEL, REPRODUCIBLE, sse_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -41,7 +41,8 @@ def test_logprobs_with_the_sdk(client):
 
 
 def test_streamed_logprobs_equal_the_whole_reply(http):
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "seed": 5, "logprobs": True, "top_logprobs": 2}
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "seed": 5, "logprobs": True, "top_logprobs": 2,
+            **REPRODUCIBLE}
     whole = http.post("/v1/chat/completions", json=body).json()
     assert_valid("CreateChatCompletionResponse", whole)
     chunks, _ = sse_json(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
@@ -68,9 +69,7 @@ def test_n_choices_with_the_sdk(client):
 
 def test_streamed_choices_interleave_and_match(http):
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "seed": 4, "n": 2, "temperature": 1.0,
-            "stream_options": {"include_usage": True}}
-    # The prompt's KV cached first, so both requests decode in the same batch shapes (same seeds, same text).
-    http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 1})
+            "stream_options": {"include_usage": True}, **REPRODUCIBLE}
     whole = http.post("/v1/chat/completions", json={k: v for k, v in body.items() if k != "stream_options"}).json()
     chunks, events = sse_json(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
     assert events[-1] == "[DONE]"

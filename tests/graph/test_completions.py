@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.support.openapi_spec import assert_valid, assert_valid_completion
-from tests.support.serve_harness import MODEL, sse_json
+from tests.support.serve_harness import MODEL, REPRODUCIBLE, sse_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,10 +50,11 @@ def test_sdk_completion_shape_and_usage_match_tokenize(client, http):
 
 
 def test_stream_matches_and_ends_with_done(client, http):
-    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, seed=5, temperature=0)
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, seed=5, temperature=0,
+                                     extra_body=REPRODUCIBLE)
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "seed": 5,
                                            "temperature": 0, "stream": True,
-                                           "stream_options": {"include_usage": True}})
+                                           "stream_options": {"include_usage": True}, **REPRODUCIBLE})
     assert r.status_code == 200
     chunks, events = sse_json(r.text)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
@@ -64,13 +65,16 @@ def test_stream_matches_and_ends_with_done(client, http):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == full.usage.completion_tokens
     # the SDK's own stream reader
     text = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=12, seed=5, temperature=0, stream=True) if c.choices)
+        model=MODEL, prompt=PROMPT, max_tokens=12, seed=5, temperature=0, stream=True, extra_body=REPRODUCIBLE)
+        if c.choices)
     assert text == full.choices[0].text
 
 
 def test_echo_returns_prompt_and_text(client):
-    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=1, temperature=0)
-    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=1, temperature=0, echo=True)
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=1, temperature=0,
+                                      extra_body=REPRODUCIBLE)
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=1, temperature=0, echo=True,
+                                       extra_body=REPRODUCIBLE)
     assert echoed.choices[0].text == PROMPT + plain.choices[0].text
 
 

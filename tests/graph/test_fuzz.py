@@ -25,9 +25,7 @@ def fcluster():
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 512, "n_seq_max": 4, "max_tokens_limit": 6,
                              "default_max_tokens": 3}],
-                 "limits": {"max_body_bytes": 1_000_000, "max_messages": 300, "request_timeout_s": 60},
-                 # the cluster shape (a ChatProcessor deployment of its own): hostile input crosses every hop
-                 "chat_processor": "deployment"},
+                 "limits": {"max_body_bytes": 1_000_000, "max_messages": 300, "request_timeout_s": 60}},
         "deployments": [{"name": deployment_name(MODEL), "max_ongoing_requests": 4,
                          "autoscaling_config": {"target_ongoing_requests": 3}}],
     }]})

@@ -16,7 +16,7 @@ def test_model_replica_reserves_one_gpu_cpu_deployments_none():
 
     # serve_config.yaml unchanged except what keeps a 2-core machine responsive.
     config = load_config({"applications": [{"name": "llamaray", "args": {"models": [
-        {"id": MODEL, "n_ctx": 512, "n_seq_max": 2, "n_threads": 1}]}}]})
+        {"id": MODEL, "n_ctx": 512, "n_seq_max": 2, "n_threads": 1}], "auth": {"required": False}}}]})
     model = next(d for d in config["applications"][0]["deployments"] if d["name"] == deployment_name(MODEL))
     assert model["ray_actor_options"]["num_gpus"] == 1  # the production shape is what we test
 

@@ -14,7 +14,7 @@ from llama_cpp import Llama
 
 from app.chat_template import render_prompt
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import MODEL, THINK_MODEL, sse_json
+from tests.support.serve_harness import MODEL, REPRODUCIBLE, THINK_MODEL, sse_json
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -77,14 +77,15 @@ def _model_path() -> str:
 
 
 def test_same_seed_same_text_and_stop_not_returned(client):
-    a = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9))
-    b = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9))
+    a = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9), extra_body=REPRODUCIBLE)
+    b = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9), extra_body=REPRODUCIBLE)
     assert a.choices[0].message.content == b.choices[0].message.content
     text = a.choices[0].message.content
     words = text.split()
     assert len(words) > 4, text
     stop = " " + words[3]
-    c = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9, stop=[stop, "zzzz"]))
+    c = client.chat.completions.create(**chat(max_tokens=40, seed=123, temperature=0.9, stop=[stop, "zzzz"]),
+                                       extra_body=REPRODUCIBLE)
     assert c.choices[0].finish_reason == "stop"
     assert c.choices[0].message.content == text[: text.index(stop)]
     assert stop not in c.choices[0].message.content
@@ -104,7 +105,7 @@ def test_text_parts_and_system_and_max_completion_tokens(client):
 # ---- streaming --------------------------------------------------------------------------------
 
 def test_raw_sse_protocol(http):
-    r = http.post("/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True}))
+    r = http.post("/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True}, **REPRODUCIBLE))
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["cache-control"] == "no-cache"
@@ -122,7 +123,7 @@ def test_raw_sse_protocol(http):
     assert len({c["id"] for c in chunks}) == 1
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     # the streamed text equals the non-streamed text for the same seed
-    whole = http.post("/v1/chat/completions", json=chat()).json()
+    whole = http.post("/v1/chat/completions", json=chat(**REPRODUCIBLE)).json()
     assert text == whole["choices"][0]["message"]["content"]
 
 
@@ -135,7 +136,7 @@ def test_no_usage_chunk_without_include_usage(http):
 
 def test_sdk_stream_helper_accumulates(client):
     # The helper refuses finish_reason "length", so a grammar makes the reply end by itself.
-    grammar = {"grammar": 'root ::= "The moon is " [a-z]{3,12} " and " [a-z]{3,12} "."'}
+    grammar = {"grammar": 'root ::= "The moon is " [a-z]{3,12} " and " [a-z]{3,12} "."', **REPRODUCIBLE}
     with client.chat.completions.stream(**chat(max_tokens=60), extra_body=grammar) as stream:
         deltas = [e.delta for e in stream if e.type == "content.delta"]
         final = stream.get_final_completion()
@@ -218,7 +219,7 @@ def test_replica_survives_bad_input(cluster, http):
 
 def test_client_disconnect_stops_generation(cluster):
     body = chat(max_tokens=900, stream=True, temperature=1.0, min_p=0.0, top_k=0)
-    with httpx.Client(base_url=cluster.url, timeout=60) as c:
+    with httpx.Client(base_url=cluster.url, timeout=60, headers=cluster.headers) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             # Held in a name: a `for` over r.iter_lines() would drop the generator at `break`, which
             # closes the response there, and the server could cancel before the check below.

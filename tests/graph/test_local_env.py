@@ -1,6 +1,7 @@
-"""The graph as `make run` starts it (`llamaray serve-local`): Ray Serve with app/ray_env.py's settings,
-one Ingress replica that renders prompts and runs the model's engine itself (`chat_processor: ingress`,
-`llama_model: ingress`) and serves HTTP on the config's port without Serve's proxy in between."""
+"""The graph as `make run` starts it (`llamaray serve-local`, `topology: single`): Ray Serve with
+app/ray_env.py's settings, one Ingress replica that renders prompts and runs the models' engines itself
+and serves HTTP on the config's port without Serve's proxy in between. What only this shape has: the
+port, the engines' own admission bound, a killed replica coming back on the same port."""
 
 from __future__ import annotations
 
@@ -15,17 +16,9 @@ import pytest
 from ray import serve
 
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
+from tests.support.serve_harness import APP, KEY_A, MODEL, REPRODUCIBLE, THINK_MODEL
 
-pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    config = load_config("configs/local-cpu.yaml", {"applications": [{
-        "name": "llamaray", "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 2}]}}]})
-    with ServeCluster(config, num_cpus=2, serve_local=True) as c:
-        yield c
+pytestmark = [pytest.mark.timeout(600), pytest.mark.parametrize("shape", ["single"], indirect=True)]
 
 
 def wait_idle(cluster, timeout_s: float = 15) -> dict:
@@ -60,29 +53,31 @@ def listening_pid(port: int) -> int | None:
 def test_one_replica_serves_http_itself_and_runs_the_model(cluster):
     assert set(serve.status().applications[APP].deployments) == {"Ingress"}
     info = cluster.handle("Ingress").replica_info.remote().result()
-    assert info["models"] == {MODEL: {"n_threads": 2, "n_gpu_layers": 0}}
+    assert info["models"] == {MODEL: {"n_threads": 2, "n_gpu_layers": 0}, THINK_MODEL: {"n_threads": 2, "n_gpu_layers": 0}}
     # The port clients call is the Ingress replica's own socket, not Serve's proxy's.
     assert listening_pid(cluster.port) == info["pid"]
-    assert httpx.get(f"{cluster.url}/health", timeout=10).json() == {"status": "ok", "models": {MODEL: True}}
+    assert httpx.get(f"{cluster.url}/health", timeout=10).json() == {"status": "ok"}
 
 
 def test_make_run_shape_serves_chat_and_streams(cluster):
-    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    body = dict(model=MODEL, messages=[{"role": "user", "content": "Name a color."}], max_tokens=12, seed=2)
+    client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Name a color."}], max_tokens=12, seed=2,
+                extra_body=REPRODUCIBLE)
     whole = client.chat.completions.create(**body)
     assert_valid("CreateChatCompletionResponse", whole.model_dump(exclude_unset=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
                        if c.choices)
     assert whole.choices[0].message.content and streamed == whole.choices[0].message.content
-    tokens = httpx.post(f"{cluster.url}/tokenize", json={"model": MODEL, "prompt": "Hello there"}, timeout=30).json()
+    tokens = httpx.post(f"{cluster.url}/tokenize", json={"model": MODEL, "prompt": "Hello there"}, timeout=30,
+                        headers=cluster.headers).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0
 
 
 def test_bad_input_is_an_openai_error_from_the_replica(cluster):
     r = httpx.post(f"{cluster.url}/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 4},
-                   timeout=30)
+                   timeout=30, headers=cluster.headers)
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
-    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=30, json={
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=30, headers=cluster.headers, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
@@ -92,7 +87,7 @@ def test_disconnects_free_the_engine_slots(cluster):
             "stream": True, "temperature": 1.0, "min_p": 0.0, "top_k": 0}
 
     def open_and_drop(_):
-        with httpx.Client(base_url=cluster.url, timeout=30) as c, c.stream("POST", "/v1/chat/completions",
+        with httpx.Client(base_url=cluster.url, timeout=30, headers=cluster.headers) as c, c.stream("POST", "/v1/chat/completions",
                                                                           json=body) as r:
             for line in r.iter_lines():
                 if '"content"' in line:
@@ -107,15 +102,15 @@ def test_disconnects_free_the_engine_slots(cluster):
 
 
 def test_overload_is_an_openai_503_and_accepted_requests_complete(cluster):
-    # 2 slots and up to 4 waiting per slot (deployments/model_host.py): of 24 at once, some are refused.
+    # 4 slots and up to 4 waiting per slot (deployments/model_host.py): of 40 at once, some are refused.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16}
 
     def one(_):
-        r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=120)
+        r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=120, headers=cluster.headers)
         return r.status_code, r.headers.get("retry-after"), r.json()
 
-    with cf.ThreadPoolExecutor(24) as pool:
-        results = list(pool.map(one, range(24)))
+    with cf.ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(one, range(40)))
     codes = sorted(r[0] for r in results)
     assert 200 in codes and 503 in codes and set(codes) == {200, 503}, codes
     for status, retry_after, reply in results:
@@ -140,6 +135,6 @@ def test_a_killed_replica_comes_back_on_the_same_port(cluster):
         time.sleep(1)
     assert pid not in (None, old), "no new replica listens on the port"
     assert cluster.handle("Ingress").replica_info.remote().result()["pid"] == pid
-    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60, json={
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60, headers=cluster.headers, json={
         "model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0

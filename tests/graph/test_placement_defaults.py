@@ -81,7 +81,8 @@ def test_unplaceable_model_says_why_in_health_and_log():
     import ray
 
     started = time.monotonic()
-    with ServeCluster(load_config(), num_cpus=2, require_healthy=False, require_running=False,
+    open_ = {"applications": [{"name": "llamaray", "args": {"auth": {"required": False}}}]}  # on 127.0.0.1
+    with ServeCluster(load_config(open_), num_cpus=2, require_healthy=False, require_running=False,
                       timeout_s=120) as cluster:
         body, deadline = None, time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import MODEL, THINK_MODEL, sse_json
+from tests.support.serve_harness import MODEL, REPRODUCIBLE, THINK_MODEL, sse_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,7 +44,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 def test_forced_think_reply_is_split(client, http):
     raw = client.chat.completions.with_raw_response.create(
-        model=THINK_MODEL, messages=ASK, max_tokens=60, seed=5, extra_body={"grammar": THINK_GRAMMAR})
+        model=THINK_MODEL, messages=ASK, max_tokens=60, seed=5, extra_body={"grammar": THINK_GRAMMAR, **REPRODUCIBLE})
     body = raw.http_response.json()
     assert_valid("CreateChatCompletionResponse", body)
     msg = body["choices"][0]["message"]
@@ -54,7 +54,7 @@ def test_forced_think_reply_is_split(client, http):
         assert "<think" not in field and "</think" not in field and "think>" not in field
 
     r = http.post("/v1/chat/completions", json={"model": THINK_MODEL, "messages": ASK, "max_tokens": 60,
-                                                 "seed": 5, "grammar": THINK_GRAMMAR, "stream": True})
+                                                 "seed": 5, "grammar": THINK_GRAMMAR, "stream": True, **REPRODUCIBLE})
     chunks, events = sse_json(r.text)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     for c in chunks:
@@ -98,7 +98,8 @@ def _check_calls(calls, allowed: set[str]):
     ({"type": "function", "function": {"name": "add"}}, {"add"}),
 ])
 def test_forced_tool_calls_non_streaming_and_streaming(client, http, choice, allowed):
-    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, ADD], tool_choice=choice, max_tokens=80, seed=11)
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, ADD], tool_choice=choice, max_tokens=80, seed=11,
+              extra_body=REPRODUCIBLE)
     raw = client.chat.completions.with_raw_response.create(**kw)
     assert_valid("CreateChatCompletionResponse", raw.http_response.json())
     r = raw.parse()
@@ -113,7 +114,7 @@ def test_forced_tool_calls_non_streaming_and_streaming(client, http, choice, all
     assert streamed == [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls]
 
     # Raw chunks: first delta of a call has id/type/name, later ones only argument fragments.
-    body = {**kw, "stream": True, "tools": [WEATHER, ADD]}
+    body = {**{k: v for k, v in kw.items() if k != "extra_body"}, **REPRODUCIBLE, "stream": True}
     chunks, events = sse_json(http.post("/v1/chat/completions", json=body).text)
     assert events.count("[DONE]") == 1
     for c in chunks:
@@ -125,14 +126,15 @@ def test_forced_tool_calls_non_streaming_and_streaming(client, http, choice, all
 
 
 def test_long_arguments_stream_in_fragments(client):
-    # A string of 60+ chars is many tokens: its call's arguments reach the SDK in several chunks,
-    # and they add up to the non-streamed reply's arguments for the same request. Greedy: two
-    # sampled runs of this long string with one seed were seen to differ here.
+    # A string of 60+ chars is many tokens: its call's arguments reach the SDK in several chunks, and
+    # they add up to the non-streamed reply's arguments for the same request (both reproducible: no
+    # cached prefix reused, so both decode the prompt alike).
     note = {"type": "function", "function": {"name": "save_note", "parameters": {
         "type": "object", "properties": {"text": {"type": "string", "minLength": 60, "maxLength": 100}},
         "required": ["text"], "additionalProperties": False}}}
     kw = {"model": MODEL, "messages": [{"role": "user", "content": "Save a note about the weather in Paris."}],
-          "tools": [note], "tool_choice": "required", "max_tokens": 160, "seed": 7, "temperature": 0}
+          "tools": [note], "tool_choice": "required", "max_tokens": 160, "seed": 7, "temperature": 0,
+          "extra_body": REPRODUCIBLE}
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     assert whole.function.name == "save_note" and len(json.loads(whole.function.arguments)["text"]) >= 60
     heads, fragments = [], []
@@ -145,18 +147,21 @@ def test_long_arguments_stream_in_fragments(client):
                 fragments.append(tc.function.arguments)
     assert len(heads) == 1 and heads[0][1:] == ("save_note", "") and heads[0][0].startswith("call_")
     assert len(fragments) > 1, fragments
+    assert len(json.loads("".join(fragments))["text"]) >= 60
     assert "".join(fragments) == whole.function.arguments
 
 
 def test_call_cut_by_max_tokens_is_continued(client):
-    full = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                          max_tokens=80, seed=11)
-    cut = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                         max_tokens=10, seed=11)
+    # 10 tokens end inside the call's JSON: the reply goes on in continuation rounds until the call is whole.
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=10, seed=11)
+    cut = client.chat.completions.create(**kw)
     assert cut.choices[0].finish_reason == "tool_calls"
     _check_calls(cut.choices[0].message.tool_calls, {"get_weather"})
     assert cut.usage.completion_tokens > 10  # the real count over the continuation rounds
-    assert cut.choices[0].message.tool_calls[0].function.arguments == full.choices[0].message.tool_calls[0].function.arguments
+    with client.chat.completions.stream(**kw) as stream:  # streamed too: one call, its fragments whole JSON
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    _check_calls(final.choices[0].message.tool_calls, {"get_weather"})
 
 
 def test_tools_offered_but_no_call_is_plain_content(client):

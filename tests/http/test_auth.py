@@ -13,8 +13,7 @@ KEY = "sk-test-" + "k" * 24
 
 
 class Backend:
-    async def ready(self):
-        return {"m": True}
+    """Nothing is generated in these tests: auth answers before any route."""
 
 
 @pytest.fixture
@@ -54,3 +53,45 @@ def test_required_keys_missing_is_a_clear_startup_error(monkeypatch, tmp_path):
     key_file = tmp_path / "keys"
     key_file.write_text("# ops\nsk-one\n")
     require_keys(load_api_keys(None, str(key_file)), True, None, str(key_file))
+
+
+class Recorder:
+    """Records the caller each request arrives with."""
+
+    def __init__(self) -> None:
+        self.callers: list = []
+
+    async def tokenize(self, request, caller):
+        self.callers.append(caller)
+        return {"tokens": [], "count": 0, "max_model_len": 8}
+
+
+def test_x_api_key_is_accepted_as_well_as_bearer():
+    other = "sk-test-" + "o" * 24
+    recorder = Recorder()
+    app = build_http_app(recorder, [ModelCard("m")], ServerSettings(keys=KeyChecker((KEY.encode(), other.encode()))))
+    with TestClient(app) as client:
+        body = {"model": "m", "prompt": "x"}
+        assert client.post("/tokenize", json=body, headers={"x-api-key": KEY}).status_code == 200
+        assert client.post("/tokenize", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert client.post("/tokenize", json=body, headers={"x-api-key": other}).status_code == 200
+        assert client.post("/tokenize", json=body, headers={"x-api-key": "wrong"}).status_code == 401
+        assert client.post("/tokenize", json=body, headers={"x-api-key": ""}).status_code == 401
+    first, second, third = recorder.callers
+    # The processing learns who called (a digest of the key, never the key), the same for both headers.
+    assert first == second and first.key_id and KEY not in first.key_id
+    assert third.key_id != first.key_id
+
+
+def test_health_details_only_for_a_caller_with_a_key(app):
+    with TestClient(app) as client:
+        public = client.get("/health")
+        assert public.status_code == 200 and public.json() == {"status": "ok"}
+        detailed = client.get("/health", headers={"x-api-key": KEY}).json()
+        assert detailed["models"] == {"m": True} and detailed["status"] == "ok"
+        assert client.get("/health", headers={"x-api-key": "wrong"}).json() == {"status": "ok"}
+
+
+def test_health_details_for_anyone_without_keys():
+    with TestClient(build_http_app(Backend(), [ModelCard("m")])) as client:
+        assert client.get("/health").json()["models"] == {"m": True}

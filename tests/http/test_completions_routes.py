@@ -28,31 +28,29 @@ class Backend:
         self.requests: list[Any] = []
         self.error: BaseException | None = None
 
-    async def text_complete(self, request: CompletionRequest) -> dict[str, Any]:
+    async def respond(self, request: CompletionRequest, caller: Any) -> dict[str, Any]:
         self.requests.append(request)
         if self.error:
             raise self.error
         return {**body(), "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
-    async def text_stream(self, request: CompletionRequest):
+    async def stream(self, request: CompletionRequest, caller: Any):
         self.requests.append(request)
         if self.error:
             raise self.error
         yield [body("a", None), body("b", None)]
         yield [body("", "stop")]
 
-    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(self, request: TokenizeRequest, caller: Any) -> dict[str, Any]:
         self.requests.append(request)
         return {"tokens": [1, 2], "count": 2, "max_model_len": 64}
 
-    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(self, request: DetokenizeRequest, caller: Any) -> dict[str, Any]:
         self.requests.append(request)
         if self.error:
             raise self.error
         return {"prompt": "ab"}
 
-    async def ready(self):
-        return {"m": True}
 
 
 @pytest.fixture

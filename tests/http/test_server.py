@@ -12,6 +12,9 @@ from starlette.testclient import TestClient
 from app.errors import APIError, context_length_exceeded, invalid_request
 from app.schemas import ChatCompletionRequest
 from app.server import ModelCard, build_http_app
+from app.serving.caller import Caller
+from app.serving.health import HealthCache
+from app.serving.models import LOADING, READY, ModelState
 from tests.support.openapi_spec import assert_valid
 
 URL = "/v1/chat/completions"
@@ -46,13 +49,13 @@ class FakeBackend:
         self.ready_result: dict[str, bool] | BaseException = {"m": True}
         self.complete_result: dict[str, Any] | BaseException = completion()
 
-    async def complete(self, request: ChatCompletionRequest) -> dict[str, Any]:
+    async def respond(self, request: ChatCompletionRequest, caller: Caller) -> dict[str, Any]:
         self.requests.append(request)
         if isinstance(self.complete_result, BaseException):
             raise self.complete_result
         return self.complete_result
 
-    async def stream(self, request: ChatCompletionRequest):
+    async def stream(self, request: ChatCompletionRequest, caller: Caller):
         self.requests.append(request)
         for i, batch in enumerate(self.batches):
             if i == self.fail_at:
@@ -62,10 +65,11 @@ class FakeBackend:
         if self.fail_at is not None and self.fail_at >= len(self.batches):
             raise self.fail_with
 
-    async def ready(self) -> dict[str, bool]:
+    async def states(self) -> dict[str, ModelState]:
         if isinstance(self.ready_result, BaseException):
             raise self.ready_result
-        return self.ready_result
+        return {m: READY if v is True else ModelState("unavailable", v) if isinstance(v, str) else LOADING
+                for m, v in self.ready_result.items()}
 
 
 @pytest.fixture
@@ -75,7 +79,8 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def client(backend) -> TestClient:
-    app = build_http_app(backend, [ModelCard("m"), ModelCard("org/other-model", owned_by="me", created=5)])
+    models = [ModelCard("m"), ModelCard("org/other-model", owned_by="me", created=5)]
+    app = build_http_app(backend, models, health=HealthCache(backend.states, [m.id for m in models]))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
@@ -297,7 +302,8 @@ def test_health_ok(client, backend):
     backend.ready_result = {"m": True, "org/other-model": True}
     resp = client.get("/health")
     assert resp.status_code == 200
-    assert resp.json() == {"status": "ok", "models": {"m": True, "org/other-model": True}}
+    assert resp.json() == {"status": "ok", "models": {"m": True, "org/other-model": True},
+                           "states": {"m": "ready", "org/other-model": "ready"}}
 
 
 @pytest.mark.parametrize("ready", [
@@ -318,14 +324,15 @@ def test_health_says_why_a_model_cannot_serve(client, backend):
     resp = client.get("/health")
     assert resp.status_code == 503
     assert resp.json() == {"status": "unavailable", "models": {"m": False, "org/other-model": True},
-                           "errors": {"m": why}}
+                           "states": {"m": "unavailable", "org/other-model": "ready"}, "errors": {"m": why}}
 
 
 def test_health_backend_raises_503(client, backend):
     backend.ready_result = RuntimeError("replica gone")
     resp = client.get("/health")
     assert resp.status_code == 503
-    assert resp.json() == {"status": "loading", "models": {"m": False, "org/other-model": False}}
+    assert resp.json() == {"status": "loading", "models": {"m": False, "org/other-model": False},
+                           "states": {"m": "loading", "org/other-model": "loading"}}
 
 
 def test_list_models(client):

