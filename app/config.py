@@ -35,7 +35,12 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="the `model` name clients send")
-    model_path: str = Field(description="GGUF file path, or pkg:<package>/<file> for a GGUF shipped in a package")
+    model_path: str | None = Field(None, description="GGUF file path, or pkg:<package>/<file> for a GGUF shipped in "
+                                                     "a package (required for `engine: llama`)")
+    engine: Literal["llama", "synthetic"] = Field(
+        "llama", description="`llama`: the GGUF on llama.cpp; `synthetic`: no model, tokens at the rates of "
+                             "`synthetic` (capacity planning of the graph at a GPU's speed on any machine)")
+    synthetic: SyntheticSettings | None = Field(None, description="rates of a synthetic engine")
     n_ctx: int = Field(4096, ge=64, description="context window per request, in tokens")
     n_seq_max: int = Field(4, ge=1, le=256, description="sequence slots served at once by one replica")
     n_batch: int = Field(512, ge=16, description="max tokens per llama_decode call")
@@ -69,6 +74,14 @@ class ModelConfig(BaseModel):
                               "load when it is busy); `load` is Serve's default (power of two choices)")
     owned_by: str = "llamaray"
 
+    @model_validator(mode="after")
+    def _engine_needs(self) -> "ModelConfig":
+        if self.engine == "llama" and not self.model_path:
+            raise ValueError("`model_path` is required (a GGUF file), unless `engine: synthetic`")
+        if self.synthetic is not None and self.engine != "synthetic":
+            raise ValueError("`synthetic` rates apply to `engine: synthetic` only")
+        return self
+
     @field_validator("n_gpu_layers")
     @classmethod
     def _gpu_layers(cls, v: int | str | None) -> int | None:
@@ -84,6 +97,22 @@ class ModelConfig(BaseModel):
         if not MODEL_ID_RE.match(v):
             raise ValueError("model id must be 1-128 chars of letters, digits, '_', '.', ':', '/', '-'")
         return v
+
+
+class SyntheticSettings(BaseModel):
+    """How fast a synthetic engine pretends to be (app/engine/synthetic.py): a preset, or measured figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["h200-smollm2-135m"] = Field("h200-smollm2-135m", description="measured rates to start from")
+    prefill_tokens_per_s: float | None = Field(None, gt=0, description="prompt tokens per second")
+    step_ms: list[tuple[int, float]] | None = Field(
+        None, min_length=1, description="[batch size, ms per decode step] pairs, measured (interpolated between)")
+
+
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""The template of a synthetic model that names none."""
 
 
 class Limits(BaseModel):
@@ -180,6 +209,9 @@ class ModelSpec:
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
     prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
+    engine: str = "llama"  # ModelConfig.engine
+    # engine synthetic: (prefill tokens/s, ((batch, ms per step), ...)), app/engine/synthetic.py
+    synthetic: tuple[float, tuple[tuple[int, float], ...]] | None = None
 
 
 
@@ -206,6 +238,8 @@ def resolve_path(model_path: str) -> Path:
 
 
 def resolve_model(cfg: ModelConfig) -> ModelSpec:
+    if cfg.engine == "synthetic":
+        return synthetic_spec(cfg)
     path = resolve_path(cfg.model_path)
     if not path.is_file():
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
@@ -220,32 +254,41 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         )
     tokens = meta.get("tokenizer.ggml.tokens")
     return ModelSpec(
-        id=cfg.id,
+        **resolve_model_fields(cfg),
         path=str(path),
-        n_ctx=cfg.n_ctx,
-        n_seq_max=cfg.n_seq_max,
-        n_batch=cfg.n_batch,
-        n_threads=cfg.n_threads,
-        n_threads_batch=cfg.n_threads_batch or cfg.n_threads,
-        n_gpu_layers=cfg.n_gpu_layers,
-        kv_unified=cfg.kv_unified,
-        cpu_extra_buffers=cfg.cpu_extra_buffers,
-        startup_self_check=cfg.startup_self_check,
         chat_template=template,
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
-        reasoning_parser=cfg.reasoning_parser,
-        tool_parser=cfg.tool_parser,
-        default_max_tokens=cfg.default_max_tokens,
-        max_tokens_limit=cfg.max_tokens_limit,
-        stream_interval_ms=cfg.stream_interval_ms,
-        tool_continuation_rounds=cfg.tool_continuation_rounds,
-        tool_continuation_tokens=cfg.tool_continuation_tokens,
-        owned_by=cfg.owned_by,
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
-        empty_reply=cfg.empty_reply,
-        prompt_cache_mib=cfg.prompt_cache_mib,
     )
+
+
+def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The spec's fields that come from the config as they are, whatever the engine."""
+    return dict(
+        id=cfg.id, n_ctx=cfg.n_ctx, n_seq_max=cfg.n_seq_max, n_batch=cfg.n_batch, n_threads=cfg.n_threads,
+        n_threads_batch=cfg.n_threads_batch or cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+        kv_unified=cfg.kv_unified, cpu_extra_buffers=cfg.cpu_extra_buffers,
+        startup_self_check=cfg.startup_self_check, reasoning_parser=cfg.reasoning_parser,
+        tool_parser=cfg.tool_parser, default_max_tokens=cfg.default_max_tokens,
+        max_tokens_limit=cfg.max_tokens_limit, stream_interval_ms=cfg.stream_interval_ms,
+        tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
+        owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
+    )
+
+
+# The H200 figures SyntheticSettings' preset names (app/engine/synthetic.py says where they come from).
+SYNTHETIC_PRESETS = {"h200-smollm2-135m": (50_000.0, ((1, 1.36), (16, 6.19), (64, 19.0)))}
+
+
+def synthetic_spec(cfg: ModelConfig) -> ModelSpec:
+    """A synthetic model's spec: nothing to read from a file; byte tokens (app/engine/synthetic.py)."""
+    settings = cfg.synthetic or SyntheticSettings()
+    prefill, steps = SYNTHETIC_PRESETS[settings.preset]
+    rates = (settings.prefill_tokens_per_s or prefill, tuple(sorted(settings.step_ms)) if settings.step_ms else steps)
+    base = resolve_model_fields(cfg)
+    return ModelSpec(**base, path="", chat_template=cfg.chat_template or CHATML_TEMPLATE, bos_token="", eos_token="",
+                     n_vocab=259, engine="synthetic", synthetic=rates)
 
 
 def place(spec: ModelSpec, *, cpus: float | None = None, gpus: int = 0) -> ModelSpec:

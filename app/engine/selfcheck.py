@@ -79,6 +79,11 @@ def start_engine(spec: ModelSpec) -> Any:
     from .engine import LlamaEngine
     from .stream import publish_to_loops
 
+    if spec.engine == "synthetic":
+        from .synthetic import SyntheticEngine, SyntheticRates
+
+        return SyntheticEngine(spec, SyntheticRates(*spec.synthetic), publish_to_loops).start()
+
     if spec.startup_self_check:
         report = run_self_check(spec)
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,

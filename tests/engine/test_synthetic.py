@@ -1,0 +1,83 @@
+"""The synthetic engine (capacity planning): the llama.cpp engine's interface and events over a clock,
+its step times interpolated from measured figures, and the requests it cannot honour refused clearly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.config import ModelConfig, SyntheticSettings, resolve_model
+from app.engine import GenerationRequest, SamplingParams
+from app.engine.events import Finished, Started, Text
+from app.engine.stream import generate_stream
+from app.engine.synthetic import SyntheticEngine, SyntheticRates
+from app.engine.stream import publish_to_loops
+from app.errors import APIError
+
+
+@pytest.fixture
+def engine():
+    spec = resolve_model(ModelConfig(id="syn", engine="synthetic", n_ctx=512, n_seq_max=8, stream_interval_ms=0,
+                                     synthetic=SyntheticSettings(step_ms=[(1, 1.0), (8, 2.0)])))
+    eng = SyntheticEngine(spec, SyntheticRates(*spec.synthetic), publish_to_loops).start()
+    yield eng
+    eng.close()
+
+
+def test_step_times_interpolate_and_extrapolate():
+    rates = SyntheticRates(50_000, ((1, 1.36), (16, 6.19), (64, 19.0)))
+    assert rates.step_s(1) == pytest.approx(0.00136)
+    assert rates.step_s(64) == pytest.approx(0.019)
+    assert rates.step_s(40) == pytest.approx((6.19 + (19.0 - 6.19) * 24 / 48) / 1000)
+    assert rates.step_s(128) == pytest.approx((19.0 + (19.0 - 6.19) * 64 / 48) / 1000)  # the last slope
+    assert 64 / rates.step_s(64) == pytest.approx(3368, rel=0.01)  # the H200 figure it was made from
+
+
+async def _run(engine, req):
+    events = []
+    async for batch in generate_stream(engine, req, 0):
+        events += batch
+    return events
+
+
+def test_streams_events_like_the_real_engine(engine):
+    reqs = [GenerationRequest(f"r{i}", "Hello there", max_tokens=20, sampling=SamplingParams(seed=i))
+            for i in range(6)]
+
+    async def main():
+        return await asyncio.gather(*(_run(engine, r) for r in reqs))
+
+    for events in asyncio.run(main()):
+        assert isinstance(events[0], Started) and events[0].prompt_tokens == len("Hello there") + 1
+        texts = [e for e in events if isinstance(e, Text)]
+        assert sum(t.tokens for t in texts) == 20 and "".join(t.text for t in texts).strip()
+        (end,) = [e for e in events if isinstance(e, Finished)]
+        assert (end.finish_reason, end.completion_tokens, end.cached_tokens) == ("length", 20, 0)
+    # Six sequences decoded together: about 20 steps, not 120.
+    assert 20 <= engine.steps <= 30 and engine.tokens_decoded == 120
+
+
+def test_stop_sequences_and_choices(engine):
+    req = GenerationRequest("s", "x", max_tokens=200, stop=["token "], n=2, sampling=SamplingParams(seed=3))
+    events = asyncio.run(_run(engine, req))
+    ends = [e for e in events if isinstance(e, Finished)]
+    assert sorted(e.index for e in ends) == [0, 1] and all(e.finish_reason == "stop" for e in ends)
+    assert "token " not in "".join(e.text for e in events if isinstance(e, Text))
+
+
+@pytest.mark.parametrize("field,param", [({"logprobs": 2}, "logprobs"), ({"prompt_logprobs": True}, "echo")])
+def test_what_it_cannot_do_is_a_400(engine, field, param):
+    with pytest.raises(APIError) as err:
+        engine.prepare(GenerationRequest("x", "hi", max_tokens=4, **field), lambda ev: None)
+    assert err.value.status == 400 and err.value.param == param
+    with pytest.raises(APIError) as err:
+        engine.prepare(GenerationRequest("g", "hi", sampling=SamplingParams(grammar='root ::= "a"')), lambda ev: None)
+    assert err.value.param == "grammar"
+
+
+def test_tokenizer_round_trips_any_text(engine):
+    text = "Grüße, 🦙 <|im_start|>"
+    assert engine.detokenize(engine.tokenize(text, add_special=False)) == text
+    with pytest.raises(APIError):
+        engine.detokenize([10**6])
