@@ -62,12 +62,28 @@ class ModelCard:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    status, body = error_body(exc)
+def log_server_error(exc: BaseException) -> None:
+    """Every 5xx the server sends, in its log once: an unexpected exception with its traceback, an APIError
+    (a condition: overloaded, timeout, a replica gone) as one line, unless it was logged where it was made."""
     api = as_api_error(exc)
     if api is None:
         log.error("unhandled error: %r", exc, exc_info=exc)
+    elif api.status >= 500 and not api.logged:
+        log.warning("%d %s: %s", api.status, api.code, api.message)
+        api.logged = True
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    log_server_error(exc)
+    api = as_api_error(exc)
     return JSONResponse(body, status_code=status, headers=api.headers if api else None)
+
+
+def error_event(exc: BaseException) -> dict[str, Any]:
+    """The error event that ends a stream already under way."""
+    log_server_error(exc)
+    return error_body(exc)[1]
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -237,7 +253,7 @@ async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -
             yield item
 
     try:
-        async for chunk in frame_stream(batches(), lambda exc: error_body(exc)[1]):
+        async for chunk in frame_stream(batches(), error_event):
             yield chunk
     finally:
         # Client gone: close the source now (cancels the generation, frees the slot), not at GC.

@@ -212,7 +212,7 @@ class LlamaEngine:
                         g.sampler.free()
                 if not isinstance(exc, APIError):
                     log.exception("could not build the sampler for %s", gen.request_id)
-                    exc = internal_error("Could not set up sampling for this request.")
+                    exc = internal_error("Could not set up sampling for this request.", logged=True)
                 self._out(gen, Failed(exc))
                 continue
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused.
@@ -363,7 +363,7 @@ class LlamaEngine:
             rc = decode(self.mc, self._batch)
             if rc != 0:
                 log.error("llama_decode returned %d for request %s alone", rc, gen.request_id)
-                self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request."))
+                self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request.", logged=True))
                 continue
             self._advance(slot, tokens)
 
@@ -422,7 +422,7 @@ class LlamaEngine:
                                              param="grammar", code="grammar_unsatisfiable"))
         except Exception:  # noqa: BLE001 - fail this request, keep serving the others
             log.exception("sampling failed for %s", slot.gen.request_id)
-            self._fail(slot, internal_error("Sampling failed for this request."))
+            self._fail(slot, internal_error("Sampling failed for this request.", logged=True))
 
     def _sample(self, slot: Slot) -> None:
         gen = slot.gen
