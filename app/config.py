@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .gguf import GGUFError, read_metadata, special_token_text
+from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
@@ -180,6 +180,9 @@ class ModelSpec:
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
     prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
+    # Texts of the vocabulary's control tokens (GGUF token types CONTROL, UNKNOWN): prompt_check's
+    # list of what client text must never become; () turns that check off.
+    control_tokens: tuple[str, ...] = ()
 
 
 
@@ -210,7 +213,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
     if not path.is_file():
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
     try:
-        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens",))
+        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
     except (GGUFError, OSError) as exc:
         raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
@@ -245,6 +248,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
         empty_reply=cfg.empty_reply,
         prompt_cache_mib=cfg.prompt_cache_mib,
+        control_tokens=control_token_texts(meta),
     )
 
 
