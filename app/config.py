@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .gguf import GGUFError, read_metadata, special_token_text
+from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
@@ -212,6 +212,9 @@ class ModelSpec:
     engine: str = "llama"  # ModelConfig.engine
     # engine synthetic: (prefill tokens/s, ((batch, ms per step), ...)), app/engine/synthetic.py
     synthetic: tuple[float, tuple[tuple[int, float], ...]] | None = None
+    # Texts of the vocabulary's control tokens (GGUF token types CONTROL, UNKNOWN): prompt_check's
+    # list of what client text must never become; () turns that check off.
+    control_tokens: tuple[str, ...] = ()
 
 
 
@@ -244,7 +247,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
     if not path.is_file():
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
     try:
-        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens",))
+        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
     except (GGUFError, OSError) as exc:
         raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
@@ -260,6 +263,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
+        control_tokens=control_token_texts(meta),
     )
 
 

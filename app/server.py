@@ -28,7 +28,7 @@ from .errors import (
 from .keepalive import Tick, with_ticks
 from .openapi import openapi_document
 from .schemas import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
+    CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
 from .serving.caller import ANONYMOUS, Caller
 from .serving.health import HealthCache, health_body

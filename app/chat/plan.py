@@ -7,13 +7,13 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from ..chat_template import render_prompt
 from ..config import Limits, ModelSpec
 from ..engine.params import GenerationRequest, SamplingParams
 from ..errors import invalid_request
 from ..gbnf_check import GBNFLimits, check_gbnf
 from ..grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
+from ..prompt_check import checked_prompt
 from ..schemas import ChatCompletionRequest, CompletionRequest
 from ..tool_calling import ReplyFormat, ToolPlan, plan_tools
 
@@ -60,10 +60,11 @@ def tool_plan(req: ChatCompletionRequest, fmt: ReplyFormat, schema_limits: Gramm
 
 
 def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True) -> str:
-    """The prompt the model's template renders for the request's messages (and tools), client text marked."""
-    return render_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
-                         add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
-                         eos_token=spec.eos_token, mark_content=True)
+    """The prompt the model's template renders for the request's messages (and tools), client text marked
+    and checked: its control tokens are the template's own (prompt_check)."""
+    return checked_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
+                          add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
+                          eos_token=spec.eos_token, control_tokens=spec.control_tokens)
 
 
 def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int = 0) -> SamplingParams:
