@@ -216,7 +216,7 @@ class LlamaEngine:
                 self._out(gen, Failed(exc))
                 continue
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused.
-            slot, reused = self._place(gen.prompt, reuse=not gen.req.prompt_logprobs)
+            slot, reused = self._place(gen.prompt, gen.req.cache_scope, reuse=not gen.req.prompt_logprobs)
             slot.occupy(gen, reused)
             for g in group:
                 if g is not gen:
@@ -234,7 +234,7 @@ class LlamaEngine:
         sampler.free()
         return SamplerChain(self.mc, replace(params, grammar=None))
 
-    def _place(self, prompt: list[int], reuse: bool = True) -> tuple[Slot, int]:
+    def _place(self, prompt: list[int], scope: str, reuse: bool = True) -> tuple[Slot, int]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
         The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
@@ -244,8 +244,10 @@ class LlamaEngine:
         more than a gap. The slot's own prefix is kept; a longer one is copied in from another slot (a
         busy slot's earlier positions never change) or restored from the prompt cache in host memory,
         after what the slot held went to that cache. At least the last prompt token is always
-        recomputed, so there are logits to sample from."""
-        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
+        recomputed, so there are logits to sample from. Only KV computed in the prompt's cache `scope`
+        is reused (kept, copied or restored): other scopes' prefixes count as nothing."""
+        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse and slot.scope == scope else 0
+                  for slot in self._slots}
         target = self._lowest_idle()
         best_idle = max((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
         if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
@@ -253,7 +255,7 @@ class LlamaEngine:
         source = max(self._slots, key=lambda s: (prefix[s.index], s is target))
         if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
             source = target  # copying a stream is only worth it for a real prefix
-        cached, held = self._prompt_cache.best(prompt) if reuse else (None, 0)
+        cached, held = self._prompt_cache.best(prompt, scope) if reuse else (None, 0)
         if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
             self._save_to_cache(target, keep=0)
             kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
@@ -271,10 +273,10 @@ class LlamaEngine:
 
     def _save_to_cache(self, slot: Slot, keep: int) -> None:
         """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
-        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens):
+        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens, slot.scope):
             state, size = self.mc.seq_state(slot.index)
             if size:
-                self._prompt_cache.put(slot.tokens, state, size)
+                self._prompt_cache.put(slot.tokens, state, size, slot.scope)
 
     def _restore(self, slot: int, entry: Entry, keep: int) -> int:
         """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""

@@ -64,9 +64,11 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what this slot's KV holds, in order
     gen: Generation | None = None
     state: SlotState = SlotState.IDLE
+    scope: str = ""  # the cache scope of the prompt that computed `tokens`: only that scope reuses them
 
     def occupy(self, gen: Generation, reused: int, state: SlotState = SlotState.PREFILLING) -> None:
         self.tokens = gen.prompt[:reused]
+        self.scope = gen.req.cache_scope
         gen.n_past = gen.cached = reused
         gen.slot = self.index
         self.gen, self.state = gen, state
