@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from typing import Any
 
@@ -166,5 +167,4 @@ def test_a_grammar_resumes_after_the_given_ids(engine):
     head = run(max_tokens=3)
     assert head.of(Finished)[0].finish_reason == "length"
     tail = run(max_tokens=20, continue_tokens=list(head.of(Finished)[0].token_ids))
-    import re
     assert re.fullmatch(r"\[[0-9]{3}-[0-9]{3}\]", head.text + tail.text), head.text + tail.text

@@ -68,7 +68,7 @@ def test_the_prompt_cache_restores_within_a_scope_only(bundled_spec):
             mine = await _run(engine, p, "a")   # restored (the slot now holds b's p)
             return first, other, mine, engine.stats()["prompt_cache"]
 
-        (s1, t1, _), (sb, tb, eb), (sa, ta, _), stats = run_until_idle(engine, scenario())
+        (_, t1, _), (sb, tb, eb), (sa, _, _), stats = run_until_idle(engine, scenario())
     finally:
         engine.close()
     assert sb.cached_tokens == 0 and eb.cached_tokens == 0

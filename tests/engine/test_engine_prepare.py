@@ -16,7 +16,7 @@ import pytest
 from app.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine import engine as engine_mod
-from app.engine.events import Finished, Started
+from app.engine.events import Finished
 from app.engine.stream import generate_stream
 from app.errors import APIError
 from tests.support.events import EventBox, run_until_idle, wait_idle
