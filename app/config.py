@@ -131,6 +131,14 @@ class Limits(BaseModel):
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
+    # An entry is one token or one of its alternatives: about 130 bytes as Python objects, 20 pickled
+    # (each Ray hop) and 70 as JSON, so 65536 bound one request's logprobs to ~9 MB in memory and ~5 MB
+    # on the wire. That keeps a 2k-token echo with 5 alternatives (12288) plus 4k generated tokens with 5
+    # (24576) working with room to spare, or 3k generated tokens with the most alternatives OpenAI allows
+    # (20); 128 long prompts echoed with 20 alternatives (millions, gigabytes) are refused.
+    max_logprob_entries: int = Field(65536, ge=1, description="most logprob entries one request may produce: "
+                                     "prompt tokens scored x (1 + logprobs) plus generated tokens x choices x "
+                                     "(1 + logprobs), over all its prompts")
     stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
                                       "without data, so proxies keep a waiting stream open (0: off)")
 

@@ -68,13 +68,15 @@ def not_found(message: str) -> APIError:
     return APIError(message, status=404, type="invalid_request_error", code="not_found")
 
 
-def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | None) -> APIError:
+def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | None, at_least: bool = False) -> APIError:
+    """at_least: `prompt_tokens` is a lower bound (what the prompt's size proves before tokenizing it)."""
+    some = "at least " if at_least else ""
     if max_tokens is None:
-        detail = f"your messages resulted in {prompt_tokens} tokens"
+        detail = f"your messages resulted in {some}{prompt_tokens} tokens"
     else:
         detail = (
-            f"you requested {prompt_tokens + max_tokens} tokens "
-            f"({prompt_tokens} in the messages, {max_tokens} in the completion)"
+            f"you requested {some}{prompt_tokens + max_tokens} tokens "
+            f"({some}{prompt_tokens} in the messages, {max_tokens} in the completion)"
         )
     return APIError(
         f"This model's maximum context length is {n_ctx} tokens. However, {detail}. "

@@ -50,7 +50,9 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
-                            stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k)
+                            stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k,
+                            return_tokens=tools.parser is not None and spec.tool_continuation_rounds > 0,
+                            max_logprob_entries=limits.max_logprob_entries)
     return GenerationPlan(req, spec, gen, fmt, tools.parser)
 
 

@@ -46,10 +46,11 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     sampling.grammar = req.grammar
     request_id, n = uuid.uuid4().hex, req.n or 1
     score_prompt = bool(req.echo) and req.logprobs is not None
+    share = limits.max_logprob_entries // max(1, len(req.prompts))  # each prompt's part of the request's logprobs
     gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
                               max_tokens=req.max_tokens, stop=req.stop_list, sampling=replace(sampling), n=n,
                               logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
-                              cache_prompt=req.cache_prompt is not False)
+                              cache_prompt=req.cache_prompt is not False, max_logprob_entries=share)
             for p, prompt in enumerate(req.prompts)]
     return CompletionPlan(req, spec, request_id, gens, n)
 

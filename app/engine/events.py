@@ -65,6 +65,9 @@ class Finished(_Picklable):
     completion_tokens: int
     cached_tokens: int
     index: int = 0
+    # The generated ids of a generation cut by its limit ("length"), only when the request asked
+    # (return_tokens: a reply that may be continued); empty otherwise, so the event stays small.
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -323,8 +323,8 @@ def test_cancel_while_waiting(engine, story):
         steps_full = engine.stats()["steps"]
         stream = generate_stream(engine, request(story, 24, **GREEDY), 0)
         first = asyncio.ensure_future(stream.__anext__())
-        await asyncio.sleep(0)  # prepare + submit happen in the first step of the generator
-        assert engine.stats()["waiting"] == 1
+        # prepared in a thread, then submitted, in the first step of the generator
+        await _wait_for(lambda: engine.stats()["waiting"] == 1, f"not queued: {engine.stats()}")
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
