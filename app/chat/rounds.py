@@ -77,9 +77,11 @@ def _next_round(plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally, en
 
 def continuation(plan: GenerationPlan, generated: list[int], max_tokens: int) -> GenerationRequest:
     """The next round: the same prompt followed by the ids generated so far (their KV prefix is reused
-    exactly), a forced call's grammar resumed after them."""
+    exactly), a forced call's grammar resumed after them. It reuses that KV even for a request that asked
+    for no cached prefix (`cache_prompt` false): it is the same reply going on, and only its own KV gives
+    the next token the logits an uncut generation would have had."""
     return replace(plan.gen, request_id=uuid.uuid4().hex, continue_tokens=[*plan.gen.continue_tokens, *generated],
-                   max_tokens=max_tokens, n=1)
+                   max_tokens=max_tokens, n=1, cache_prompt=True)
 
 
 def continuation_room(plan: GenerationPlan, tally: ReplyTally) -> int:

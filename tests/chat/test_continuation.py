@@ -112,11 +112,12 @@ def test_a_forced_call_cut_by_max_tokens_is_continued_on_the_engine(engine, bund
             yield batch
 
     svc = ChatService([bundled_spec], open_stream)
-    whole = run_until_idle(engine, svc.complete(payload(bundled_spec, tools=[WEATHER], tool_choice="required",
-                                                        max_tokens=80, seed=11)))
+    # Greedy, and no cached prefix for either: the cut reply's rounds then follow the uncut one's
+    # computation exactly (each continuation reuses its own KV and decodes its last id as that one did).
+    ask = dict(tools=[WEATHER], tool_choice="required", temperature=0, cache_prompt=False)
+    whole = run_until_idle(engine, svc.complete(payload(bundled_spec, max_tokens=80, **ask)))
     opened.clear()
-    cut = run_until_idle(engine, svc.complete(payload(bundled_spec, tools=[WEATHER], tool_choice="required",
-                                                      max_tokens=10, seed=11)))
+    cut = run_until_idle(engine, svc.complete(payload(bundled_spec, max_tokens=10, **ask)))
     assert len(opened) >= 2
     assert all(g.prompt == opened[0].prompt for g in opened)
     assert len(opened[1].continue_tokens) == 10
@@ -139,11 +140,13 @@ def test_engine_continues_after_the_given_ids_reusing_their_kv(engine, bundled_s
         run_until_idle(engine, wait_idle(engine))
         return box
 
-    whole = run(max_tokens=12, return_tokens=True)
+    # Whole prefills (no cached prefix) for both, so `head` makes `whole`'s first ids; `tail` reuses the KV
+    # `head` left and decodes the last given id alone, as `whole` decoded it: it goes on the same way.
+    whole = run(max_tokens=12, return_tokens=True, cache_prompt=False)
     ids = whole.of(Finished)[0].token_ids
     assert len(ids) == 12
     assert run(max_tokens=12).of(Finished)[0].token_ids == ()  # not asked: not sent
-    head = run(max_tokens=6, return_tokens=True)
+    head = run(max_tokens=6, return_tokens=True, cache_prompt=False)
     assert head.of(Finished)[0].token_ids == ids[:6]
     tail = run(max_tokens=6, continue_tokens=list(ids[:6]), return_tokens=True)
     n_prompt = len(engine.tokenize(prompt))
