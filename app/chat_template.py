@@ -8,6 +8,7 @@ problem and become 400s; anything else is a server-side template bug.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -17,6 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import content_marks
 from .errors import APIError, invalid_request
+
+
+log = logging.getLogger("llamaray.template")
 
 
 class TemplateRaised(Exception):
@@ -128,12 +132,12 @@ def render_prompt(
             eos_token=eos_token,
             **(extra or {}),
         )
-    except TemplateRaised as exc:
+    except TemplateRaised as exc:  # the template author's own words, meant for the client
         raise invalid_request(f"The model's chat template rejected the messages: {exc}", param="messages") from None
-    except jinja2.exceptions.SecurityError as exc:
-        raise invalid_request(f"The chat template tried an unsafe operation: {exc}", param="messages") from None
-    except Exception as exc:  # noqa: BLE001 - a template bug (even 1/0) is a clean 500, never a crash
-        raise APIError(f"The model's chat template failed to render: {exc}", status=500,
-                       type="server_error", code="chat_template_error") from None
+    except Exception as exc:  # noqa: BLE001 - a template bug (even 1/0, or an unsafe operation) is a clean 500
+        # Jinja's text names the template's internals: it goes to the log, never to the client.
+        log.error("the chat template failed to render: %r", exc, exc_info=exc)
+        raise APIError("The model's chat template failed to render this conversation (see the server log).",
+                       status=500, type="server_error", code="chat_template_error", logged=True) from None
     # A template that escapes (tojson with ensure_ascii) spelled marks as `\\ufdd0`: marks again.
     return content_marks.unescape(prompt) if mark_content else prompt
