@@ -193,7 +193,7 @@ def test_metrics_reach_prometheus_endpoint(rcluster, http):
     ok_lines = [ln for ln in text.splitlines()
                 if ln.startswith("ray_llamaray_requests_total{") and 'status="ok"' in ln]
     assert ok_lines, [ln for ln in text.splitlines() if "llamaray_requests_total" in ln]
-    assert 'deployment="Ingress"' in ok_lines[0]  # chat_processor: ingress (the local config)
+    assert 'deployment="ChatProcessor"' in ok_lines[0]  # the processing records each request
     assert sum(float(ln.rsplit(" ", 1)[1]) for ln in ok_lines) >= 1
     running = [ln for ln in text.splitlines() if ln.startswith("ray_llamaray_running_sequences{")]
     assert running and f'deployment="{MODEL_DEPLOYMENT}"' in running[0]
