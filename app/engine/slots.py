@@ -8,6 +8,7 @@ the slot, not to the request.
 from __future__ import annotations
 
 import codecs
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -52,6 +53,7 @@ class Generation:
     scored_from: int = -1    # batch index of this step's first prompt token, when the prompt is scored
     prompt_scores: list[TokenLogprob] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # for text still held back
+    made_at: float = field(default_factory=time.monotonic)  # prepared, just before it is submitted: its wait starts
 
     @property
     def request_id(self) -> str:
