@@ -49,6 +49,8 @@ class GenerationRequest:
     # token to be decoded in a batch of another shape, whose floating-point sums differ in the last bits:
     # two identical seeded requests then agree only when neither reuses (llama-server's `cache_prompt`).
     cache_prompt: bool = True
+    # W3C trace context of the span this generation runs under (app/tracing.py); None when not traced.
+    traceparent: str | None = None
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""
