@@ -82,9 +82,8 @@ class Tracer:
             ctx = trace.set_span_in_context(parent)
         else:
             ctx = None
-        kinds = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
-        return self._tracer.start_span(name, context=ctx, kind=kinds[kind], attributes=attributes,
-                                       start_time=start_ns)
+        return self._tracer.start_span(name, context=ctx, kind=getattr(SpanKind, kind.upper()),
+                                       attributes=attributes, start_time=start_ns)
 
     def shutdown(self) -> None:
         """Export what is still buffered and stop."""
@@ -137,10 +136,16 @@ def make_tracer(exporter: Any, *, service_name: str | None = None, sample_ratio:
 
 
 # -- trace context ------------------------------------------------------------------------------------
-def _propagator() -> Any:
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+_PROPAGATOR: Any = None
 
-    return TraceContextTextMapPropagator()
+
+def _propagator() -> Any:
+    global _PROPAGATOR
+    if _PROPAGATOR is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _PROPAGATOR = TraceContextTextMapPropagator()
+    return _PROPAGATOR
 
 
 def context_of(traceparent: str) -> Any:

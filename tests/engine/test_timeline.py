@@ -47,10 +47,10 @@ def test_queue_time_is_the_wait_for_a_slot(engine):
 
     async def go():
         # one more than the slots: the last waits until a slot frees
-        return await asyncio.gather(*(timed(engine, request(i, 24)) for i in range(slots + 1)))
+        return await asyncio.gather(*(timed(engine, request(i, 12)) for i in range(slots + 1)))
 
     stats = [t.stats()[0] for t in run_until_idle(engine, go())]
-    assert all(s.finish_reason == "length" and s.generation_tokens == 24 for s in stats)
+    assert all(s.finish_reason == "length" and s.generation_tokens == 12 for s in stats)
     queued = sorted(stats, key=lambda s: s.queue_s)
     waited, first = queued[-1], queued[:-1]
     # the one that waited was admitted once another had finished: about one generation later
