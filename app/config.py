@@ -157,12 +157,35 @@ class AuthConfig(BaseModel):
                                "another sent; `shared`: all callers share them (more reuse, one trust domain)")
 
 
+class TracingConfig(BaseModel):
+    """Where the replicas send OpenTelemetry spans (OTLP over HTTP). Off unless an endpoint is set here or in
+    the replicas' environment ($OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str | None = Field(None, description="the collector's OTLP/HTTP address, e.g. http://otel-collector:4318 "
+                                                   "(spans go to <endpoint>/v1/traces unless it ends so already)")
+    service_name: str | None = Field(None, description="the spans' service.name (default: $OTEL_SERVICE_NAME, else "
+                                                       "llamaray)")
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded; a request that "
+                                "carries a W3C `traceparent` follows its caller's sampling decision")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("tracing.endpoint must be an http:// or https:// URL (the collector's OTLP/HTTP port, "
+                             "usually 4318)")
+        return v
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelConfig] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     topology: Literal["graph", "single"] = Field(
         "graph", description="`graph`: an Ingress, a ChatProcessor and one LlamaModel deployment per model, each "
                              "scaled on its own (clusters); `single`: one Ingress replica that also renders prompts "

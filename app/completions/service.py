@@ -23,6 +23,7 @@ from ..errors import APIError, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import CompletionRequest
 from ..serving.caller import ANONYMOUS, Caller, cache_scope
+from ..tracing import traced
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")
@@ -111,6 +112,8 @@ async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
 
 
 class CompletionService:
+    protocol = "completions"
+
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
                  observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         self.models = {s.id: s for s in specs}
@@ -124,7 +127,8 @@ class CompletionService:
         if spec is None:
             raise model_not_found(req.model)
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        return await off_loop(self.limits, plan_completion, req, spec, self.limits, scope)
+        return await traced("plan", off_loop(self.limits, plan_completion, req, spec, self.limits, scope),
+                            lambda plan: {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n})
 
     def _choices(self, plan: CompletionPlan) -> list[Choice]:
         req = plan.req
@@ -188,7 +192,7 @@ class CompletionService:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, False, failure))
+            self.observer.record(tally.record(plan.spec.id, False, failure, self.protocol))
         return CompletionMaker(plan.request_id, req.model).body([c.body() for c in choices], tally.usage())
 
     async def stream(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
@@ -208,4 +212,4 @@ class CompletionService:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, True, failure))
+            self.observer.record(tally.record(plan.spec.id, True, failure, self.protocol))

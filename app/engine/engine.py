@@ -315,7 +315,8 @@ class LlamaEngine:
                 self._save_to_cache(fork, keep=0)
                 fork.occupy(g, 0, SlotState.FORKING)
             for g in (gen, *gen.choices):
-                self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index))
+                self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index,
+                                     queued_s=time.monotonic() - gen.queued_at))
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling

@@ -39,6 +39,7 @@ class Started(_Picklable):
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV was reused
     index: int = 0      # the choice
+    queued_s: float = 0.0  # how long it waited for a slot (submitted -> admitted), by the engine's clock
 
 
 @dataclass(frozen=True, slots=True)
