@@ -97,6 +97,16 @@ class Limits(BaseModel):
     max_grammar_depth: int = Field(64, ge=1, le=1000, description="deepest group nesting in a `grammar`")
     max_schema_repetition: int = Field(1000, ge=1, le=100_000, description="largest repetition bound: "
                                        "maxLength/minLength/maxItems/minItems in schemas, {m,n} in a grammar")
+    # Measured (bundled model's vocab, tests/chat/test_gbnf_check.py's notes): llama.cpp builds 1M
+    # elements in ~20 MB and ~70 ms, and parses a grammar again for every choice and slot, on the
+    # engine's thread; 500k keeps that near 10 MB and 35 ms, and holds the largest schema grammar
+    # (256 KiB) at 20k repetition steps (~360k).
+    max_grammar_elements: int = Field(500_000, ge=1000, description="largest grammar as llama.cpp builds it, in "
+                                      "elements: repetitions copy their item; a generated rule counts 16 more")
+    max_grammar_stacks: int = Field(64, ge=1, description="most parse stacks one step of a `grammar` may produce "
+                                    "(each is checked against the whole vocabulary per token)")
+    max_grammar_ambiguity: int = Field(4, ge=1, description="most of those stacks that may take the same "
+                                       "character (each is followed through the tokens that start with it)")
     max_schema_depth: int = Field(32, ge=1, le=256, description="deepest nesting of a JSON schema")
     max_schema_grammar_bytes: int = Field(256 * 1024, ge=1024, description="largest grammar a schema may produce")
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
