@@ -97,12 +97,13 @@ class Limits(BaseModel):
     max_grammar_depth: int = Field(64, ge=1, le=1000, description="deepest group nesting in a `grammar`")
     max_schema_repetition: int = Field(1000, ge=1, le=100_000, description="largest repetition bound: "
                                        "maxLength/minLength/maxItems/minItems in schemas, {m,n} in a grammar")
-    # Measured (bundled model's vocab, tests/chat/test_gbnf_check.py's notes): llama.cpp builds 1M
-    # elements in ~20 MB and ~70 ms, and parses a grammar again for every choice and slot, on the
-    # engine's thread; 500k keeps that near 10 MB and 35 ms, and holds the largest schema grammar
-    # (256 KiB) at 20k repetition steps (~360k).
-    max_grammar_elements: int = Field(500_000, ge=1000, description="largest grammar as llama.cpp builds it, in "
-                                      "elements: repetitions copy their item; a generated rule counts 16 more")
+    # From measurements with the bundled model's vocabulary on a shared 2-core machine (`.*` costs
+    # ~10-35 ms a token there). llama.cpp parses a grammar again for every choice and for the
+    # engine's check, on the engine's thread: 480k elements take ~20 ms and +16 MiB, 1M ~50 ms and
+    # +35 MiB. Parse stacks: at 64 per step a token costs 45-125 ms; `("a"?){0,100}` (101) 3.2 s.
+    # Stacks on one character: at 4, 13-150 ms; `.?{0,8}` 0.3-0.6 s, `("  "?){0,31}` minutes.
+    max_grammar_elements: int = Field(500_000, ge=1000, description="largest `grammar` as llama.cpp builds it, in "
+                                      "elements: repetitions copy their item; a generated rule counts 16 more, and its name")
     max_grammar_stacks: int = Field(64, ge=1, description="most parse stacks one step of a `grammar` may produce "
                                     "(each is checked against the whole vocabulary per token)")
     max_grammar_ambiguity: int = Field(4, ge=1, description="most of those stacks that may take the same "

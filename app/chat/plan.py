@@ -148,12 +148,12 @@ def check_client_grammar(grammar: str | None, limits: Limits) -> None:
 
 
 def check_generated_grammar(grammar: str, limits: Limits, param: str) -> None:
-    """A grammar made from the request's schemas (`param`), under the same size bound as a client's:
-    a safety net behind the converter's own limits. Its stacks are bounded loosely (a JSON enum
-    starts one per value, up to 1000): against nested optional repetitions (`pattern`), which
-    multiply them."""
+    """A grammar made from the request's schemas (`param`): a safety net behind the converter's own
+    limits, which keep its grammars within ~570k elements (20,000 repetition steps, rule names of
+    up to 60 characters): twice a client's bound. Its stacks are bounded loosely (a JSON enum starts
+    one per value, up to 1000): against nested optional repetitions (`pattern`), which multiply them."""
     # the converter bounds its text (limits.max_schema_grammar_bytes); wrappers add a little
     check_gbnf(grammar, GBNFLimits(max_bytes=2 * limits.max_schema_grammar_bytes, max_depth=1000,
                                    max_repetition=limits.max_schema_repetition,
-                                   max_elements=limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None),
+                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None),
                param=param, subject=f"The grammar made from `{param}`")
