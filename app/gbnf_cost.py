@@ -209,7 +209,7 @@ class _Analysis:
         self.null = [False] * n
         self.T: list[Stacks] = [ZERO] * n  # stacks produced on entering a node
         self.F: list[Stacks] = [ZERO] * n  # ... by its first alternate alone (copies, chains: one copy)
-        self.term_stacks: dict[int, Stacks] = {}
+        self.term_stacks: dict[Ranges | None, Stacks] = {}
 
     # -- nullable nodes: a least fixpoint, linear (a counter of open items per alternate) ---------
     def find_nullable(self) -> None:
@@ -245,9 +245,9 @@ class _Analysis:
         return type(item) is Ref and self.null[item.node.index]
 
     def terminal(self, item: Term) -> Stacks:
-        found = self.term_stacks.get(id(item))
+        found = self.term_stacks.get(item.chars)
         if found is None:
-            found = self.term_stacks[id(item)] = EMPTY_STACK if item.chars is None else _chars(item.chars)
+            found = self.term_stacks[item.chars] = EMPTY_STACK if item.chars is None else _chars(item.chars)
         return found
 
     def pushes_at_end(self, node: Node) -> bool:
@@ -500,13 +500,39 @@ class _Analysis:
         return start, after
 
     def entry_costs(self) -> Cost:
-        self.entry_stacks()
+        """The most stacks entering one node produces (counts only: `entry_stacks` without
+        the characters)."""
+        nodes, null, leftmost = self.nodes, self.null, self.leftmost
+        T = [0] * len(nodes)
+        for members in self.leftmost_comps:
+            inside = set(members) if len(members) > 1 or members[0] in leftmost[members[0]] else ()
+            total = 0
+            for x in members:
+                node = nodes[x]
+                base = 0
+                for alt in node.alts:
+                    for item in alt:
+                        if type(item) is Term:
+                            base += 1
+                            break
+                        y = item.node.index
+                        if y not in inside:
+                            base += T[y]
+                        if not null[y]:
+                            break
+                if node.kind == "copies" or (node.kind == "chain" and not node.unbounded):
+                    if all(self.nullable(item) for item in node.alts[0]):
+                        base *= node.count
+                T[x] = min(base, BIG)
+                total = min(total + T[x], BIG)
+            if inside:
+                for x in members:
+                    T[x] = total
         root = self.g.root.index
-        most = max(self.T, key=lambda t: t.count)
-        start = self.T[root].count + self.null[root]
-        if start >= most.count:
-            return Cost(0, start)
-        return Cost(0, most.count, 0, self.nodes[self.T.index(most)].pos)
+        most = max(range(len(nodes)), key=T.__getitem__)
+        if T[root] + null[root] >= T[most]:
+            return Cost(0, T[root] + null[root])
+        return Cost(0, T[most], 0, nodes[most].pos)
 
     def step_costs(self) -> Cost:
         """The most stacks one step produces, and the most of them that take one character."""

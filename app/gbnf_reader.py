@@ -34,6 +34,7 @@ _ESCAPE = r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[tnr\\\"\[\]-])
 _ESCAPE_RE = re.compile(_ESCAPE)
 _LITERAL_BODY = re.compile(rf'(?:[^"\\]++|{_ESCAPE})*+')
 _CLASS_CHAR = re.compile(rf"{_ESCAPE}|[^\\]", re.DOTALL)
+_CLASS_SPAN = re.compile(r"\[(?:[^\]\\]++|\\.)*+\]", re.DOTALL)  # where a class that reads well ends
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _SIMPLE_ESCAPES = {"t": 9, "r": 13, "n": 10}
 
@@ -164,6 +165,7 @@ class _Reader:
         self.units = 0
         self.deepest = 0
         self.literals: dict[str, int] = {}
+        self.classes: dict[str, tuple[int, Ranges]] = {}  # classes read so far (schema grammars repeat them)
 
     # -- helpers -----------------------------------------------------------------------------
     def literal_key(self, written: str) -> Ranges:
@@ -318,8 +320,23 @@ class _Reader:
         frame.seq_elems += item.elems
 
     def char_class(self, frame: _Frame, pos: int) -> int:
+        span = _CLASS_SPAN.match(self.text, pos)
+        known = self.classes.get(span.group()) if span else None
+        if known is None:
+            end, elems, chars = self.read_class(pos)
+            if span and end == span.end():
+                self.classes[span.group()] = (elems, chars)
+        else:
+            end, (elems, chars) = span.end(), known
+        frame.last = len(frame.seq)
+        if elems:
+            self.add(frame, Term(elems, chars, pos))
+        return self.space(end, frame.nested)
+
+    def read_class(self, pos: int) -> tuple[int, int, Ranges]:
+        """(end, elements, code points) of the class at `pos`."""
         text, n = self.text, self.n
-        start, p = pos, pos + 1
+        p = pos + 1
         negated = text.startswith("^", p)
         p += negated
         ranges: list[tuple[int, int]] = []
@@ -342,11 +359,7 @@ class _Reader:
                 hi, p = _char(text, p + 1)
                 elems += 1
             ranges.append((lo, hi))
-        frame.last = len(frame.seq)
-        if elems:
-            chars = _complement(ranges) if negated else tuple((a, b) for a, b in ranges if a <= b)
-            self.add(frame, Term(elems, chars, start))
-        return self.space(p + 1, frame.nested)
+        return p + 1, elems, _complement(ranges) if negated else tuple((a, b) for a, b in ranges if a <= b)
 
     def braces(self, frame: _Frame, pos: int) -> int:
         text = self.text
