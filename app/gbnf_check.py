@@ -107,10 +107,12 @@ def check_gbnf(text: str, limits: GBNFLimits, param: str = "grammar", subject: s
     if limits.max_stacks is not None and cost.stacks > limits.max_stacks:
         raise refuse(f"can leave llama.cpp {cost.stacks} parse stacks to follow at once ({after(cost.stacks_at)}); "
                      f"every one is checked against the whole vocabulary for each token, and at most "
-                     f"{limits.max_stacks} are accepted (limits.max_grammar_stacks). Optional items under a "
-                     f"repetition, as in `x?{{0,n}}`, start one each.", "grammar_too_complex")
+                     f"{limits.max_stacks} are accepted (limits.max_grammar_stacks). Each alternative and each "
+                     f"optional item that can come next starts one; under a repetition, as in `x?{{0,n}}`, they "
+                     f"multiply.", "grammar_too_complex")
     if limits.max_ambiguity is not None and cost.ambiguity > limits.max_ambiguity:
         raise refuse(f"can read one character in {cost.ambiguity} ways at once ({after(cost.ambiguity_at)}), and "
                      f"llama.cpp follows each way through every token that starts with it; at most "
                      f"{limits.max_ambiguity} are accepted (limits.max_grammar_ambiguity). Optional items "
-                     f"that can take the same characters, one after another, add up.", "grammar_too_complex")
+                     f"that take the same characters, one after another or repeated (`\" \"?{{0,n}}`), add up; "
+                     f"different literals do not.", "grammar_too_complex")

@@ -13,8 +13,10 @@ Computed here, over the rules llama.cpp would build (repetitions kept symbolic, 
   call, makes the advance loop forever (llama.cpp's own check only sees rules with an empty
   alternate written out); llama.cpp's check itself revisits shared rules (exponential time on a
   small grammar), so its work is counted too;
-- `stacks` / `ambiguity`: the most stacks one step can produce, and the most of them that can take
-  one character, over the start and the step after every terminal;
+- `stacks` / `ambiguity`: the most stacks one step can produce, and the most of them that move in
+  step, over the start and the step after every terminal: those whose terminals read one character
+  and can take the same one, or that stand at the same literal (stacks at different literals part
+  within them: a JSON enum's values all start with `"`, and cost one stack each);
 - `growth`: a rule that calls itself with a continuation that may be empty leaves one more such
   continuation on the stack per call, so the stacks grow with the reply: refused.
 

@@ -143,6 +143,11 @@ def _char(text: str, pos: int) -> tuple[int, int]:
     return _SIMPLE_ESCAPES.get(kind, ord(kind)), pos + 2
 
 
+def _decoded_escape(escape: re.Match[str]) -> str:
+    code = _char(escape.group(), 0)[0]
+    return chr(code) if code <= 0x10FFFF else f"\x00{code}\x00"  # no NUL gets this far: unambiguous
+
+
 def _complement(ranges: list[tuple[int, int]]) -> Ranges:
     out, lo = [], 0
     for a, b in sorted(ranges):
@@ -169,10 +174,12 @@ class _Reader:
 
     # -- helpers -----------------------------------------------------------------------------
     def literal_key(self, written: str) -> Ranges:
-        """Where a literal of several characters sits in `Term.chars`: one point per distinct text,
-        past the code points. Stacks at different literals part within them; stacks at the same
-        literal (or at one-character terminals taking the same character) move in step."""
-        key = LITERAL_KEYS + self.literals.setdefault(written, len(self.literals))
+        """Where a literal of several characters sits in `Term.chars`: one point per distinct text
+        (as decoded: `"\\x20"` is `" "`), past the code points. Stacks at different literals part
+        within them; stacks at the same literal (or at one-character terminals taking the same
+        character) move in step."""
+        text = _ESCAPE_RE.sub(_decoded_escape, written) if "\\" in written else written
+        key = LITERAL_KEYS + self.literals.setdefault(text, len(self.literals))
         return ((key, key),)
 
     def fail(self, message: str, pos: int) -> GBNFSyntaxError:
