@@ -42,9 +42,9 @@ ws ::= | " " | "\n" [ \t]{0,20}
 '''
 
 
-def refusal(grammar: str, limits: GBNFLimits = GBNFLimits(), param: str = "grammar") -> APIError:
+def refusal(grammar: str, limits: GBNFLimits | None = None, param: str = "grammar") -> APIError:
     with pytest.raises(APIError) as caught:
-        check_gbnf(grammar, limits, param)
+        check_gbnf(grammar, limits or GBNFLimits(), param)
     assert caught.value.status == 400 and caught.value.param == param, caught.value
     return caught.value
 
