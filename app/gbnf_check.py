@@ -31,6 +31,9 @@ class GBNFLimits:
     max_stacks: int | None = 64  # None: not checked
     # None: not checked, and `max_stacks` applies to the stacks entering each rule only (cheaper)
     max_ambiguity: int | None = 4
+    # how messages name the elements and stacks limits (our schema grammars have their own)
+    elements_setting: str = "limits.max_grammar_elements"
+    stacks_setting: str = "limits.max_grammar_stacks"
 
 
 def check_gbnf(text: str, limits: GBNFLimits, param: str = "grammar", subject: str | None = None) -> None:
@@ -85,7 +88,7 @@ def check_gbnf(text: str, limits: GBNFLimits, param: str = "grammar", subject: s
         raise refuse(f"expands to more than {limits.max_elements} grammar elements in llama.cpp (reached at "
                      f"{at(exc.pos)}): every repetition copies its item, and each rule a repetition or group "
                      f"generates counts as {RULE_COST} plus its rule name's length / 8; at most "
-                     f"{limits.max_elements} are accepted (limits.max_grammar_elements).",
+                     f"{limits.max_elements} are accepted ({limits.elements_setting}).",
                      "grammar_too_complex") from None
     if g.deepest > limits.max_depth:
         raise too_deep(g.deepest)
@@ -102,12 +105,13 @@ def check_gbnf(text: str, limits: GBNFLimits, param: str = "grammar", subject: s
     if cost.check_work > CHECK_WORK_PER_ELEMENT * limits.max_elements:
         raise refuse(f"makes llama.cpp's left-recursion check visit {cost.check_work} grammar elements (rules "
                      f"that may be empty, referenced many times over); at most {CHECK_WORK_PER_ELEMENT} x "
-                     f"{limits.max_elements} are accepted ({CHECK_WORK_PER_ELEMENT} x limits.max_grammar_elements).",
+                     f"{limits.max_elements} are accepted ({CHECK_WORK_PER_ELEMENT} x {limits.elements_setting}).",
                      "grammar_too_complex")
     if limits.max_stacks is not None and cost.stacks > limits.max_stacks:
-        raise refuse(f"can leave llama.cpp {cost.stacks} parse stacks to follow at once ({after(cost.stacks_at)}); "
+        where = f"entering the item at {at(cost.stacks_at)}" if cost.entering else after(cost.stacks_at)
+        raise refuse(f"can leave llama.cpp {cost.stacks} parse stacks to follow at once ({where}); "
                      f"every one is checked against the whole vocabulary for each token, and at most "
-                     f"{limits.max_stacks} are accepted (limits.max_grammar_stacks). Each alternative and each "
+                     f"{limits.max_stacks} are accepted ({limits.stacks_setting}). Each alternative and each "
                      f"optional item that can come next starts one; under a repetition, as in `x?{{0,n}}`, they "
                      f"multiply.", "grammar_too_complex")
     if limits.max_ambiguity is not None and cost.ambiguity > limits.max_ambiguity:

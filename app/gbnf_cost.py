@@ -188,6 +188,7 @@ class Cost:
     ambiguity: int = 0  # most of them that take one character (see step_costs)
     stacks_at: int = -1  # text position of the terminal that step follows (-1: the start)
     ambiguity_at: int = -1
+    entering: bool = False  # stacks counted on entering each rule only: `stacks_at` is that rule's
 
 
 @dataclass
@@ -534,7 +535,7 @@ class _Analysis:
         most = max(range(len(nodes)), key=T.__getitem__)
         if T[root] + null[root] >= T[most]:
             return Cost(0, T[root] + null[root])
-        return Cost(0, T[most], 0, nodes[most].pos)
+        return Cost(0, T[most], 0, nodes[most].pos, entering=True)
 
     def step_costs(self) -> Cost:
         """The most stacks one step produces, and the most of them that take one character."""

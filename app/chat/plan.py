@@ -155,5 +155,7 @@ def check_generated_grammar(grammar: str, limits: Limits, param: str) -> None:
     # the converter bounds its text (limits.max_schema_grammar_bytes); wrappers add a little
     check_gbnf(grammar, GBNFLimits(max_bytes=2 * limits.max_schema_grammar_bytes, max_depth=1000,
                                    max_repetition=limits.max_schema_repetition,
-                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None),
+                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None,
+                                   elements_setting="2 x limits.max_grammar_elements, for schema grammars",
+                                   stacks_setting="for schema grammars"),
                param=param, subject=f"The grammar made from `{param}`")
