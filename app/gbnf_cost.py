@@ -34,7 +34,7 @@ MAX_STEPS = 64  # breakpoints kept per profile; past it neighbours merge upwards
 
 
 class GBNFCostError(ValueError):
-    """`kind` is left_recursion, check_work, stacks, ambiguity or growth; `node`/`pos` say where."""
+    """`kind` is left_recursion or growth; `node`/`pos` say where."""
 
     def __init__(self, kind: str, pos: int, node: Node | None = None, **facts: int) -> None:
         super().__init__(kind)
@@ -280,7 +280,7 @@ class _Analysis:
                     if not null[y]:
                         break
         comp, comps = _sccs(len(nodes), adj)
-        self.leftmost, self.leftmost_comp, self.leftmost_comps = adj, comp, comps
+        self.leftmost, self.leftmost_comps = adj, comps
         for x, ys in enumerate(adj):
             for y in ys:
                 if comp[x] == comp[y] and (x, y) in push_at:
@@ -462,10 +462,11 @@ class _Analysis:
             for k in xs:
                 if comp[k] == comp[y] and (y, k) in push_at:
                     raise GBNFCostError("growth", push_at[(y, k)], self._named([order[m] for m in comps[comp[y]]]))
-        self.order, self.index, self.sites, self.comps = order, index, sites, comps
+        self.order, self.sites, self.comps = order, sites, comps
 
     def level(self) -> tuple[Stacks, list[tuple[Term, Stacks]]]:
-        """The stacks at the start, and those after each (reachable) terminal."""
+        """The stacks at the start, and those after each (reachable) terminal: what follows it in
+        its alternate, and when that may be empty, what its rule's callers continue with (U)."""
         nodes, order, null = self.nodes, self.order, self.null
         self.entry_stacks()
         ends = [self.ends(nodes[x]) for x in order]
