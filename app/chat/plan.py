@@ -46,6 +46,8 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     tools = tool_plan(req, fmt, schema_limits)
     # A forced call's grammar wins over a free-form format.
     grammar = tools.grammar or format_grammar(req, schema_limits)
+    if grammar is not None and grammar is not req.grammar:
+        check_generated_grammar(grammar, limits, "tools" if tools.grammar else "response_format")
     prompt = chat_prompt(spec, tools)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
@@ -143,4 +145,20 @@ def check_client_grammar(grammar: str | None, limits: Limits) -> None:
     """A client's GBNF `grammar`, bounded before llama.cpp parses it."""
     if grammar is not None:
         check_gbnf(grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
-                                       max_repetition=limits.max_schema_repetition))
+                                       max_repetition=limits.max_schema_repetition,
+                                       max_elements=limits.max_grammar_elements, max_stacks=limits.max_grammar_stacks,
+                                       max_ambiguity=limits.max_grammar_ambiguity))
+
+
+def check_generated_grammar(grammar: str, limits: Limits, param: str) -> None:
+    """A grammar made from the request's schemas (`param`): a safety net behind the converter's own
+    limits, which keep its grammars within ~570k elements (20,000 repetition steps, rule names of
+    up to 60 characters): twice a client's bound. Its stacks are bounded loosely (a JSON enum starts
+    one per value, up to 1000): against nested optional repetitions (`pattern`), which multiply them."""
+    # the converter bounds its text (limits.max_schema_grammar_bytes); wrappers add a little
+    check_gbnf(grammar, GBNFLimits(max_bytes=2 * limits.max_schema_grammar_bytes, max_depth=1000,
+                                   max_repetition=limits.max_schema_repetition,
+                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None,
+                                   elements_setting="2 x limits.max_grammar_elements, for schema grammars",
+                                   stacks_setting="for schema grammars"),
+               param=param, subject=f"The grammar made from `{param}`")

@@ -47,6 +47,9 @@ ARRAY_BOMB = {"type": "array", "items": {"type": "string", "maxLength": 100000},
 DEEP_PARENS = "root ::= " + "(" * 60000 + '"a"' + ")" * 60000
 DEEP_PARENS_SMALL = "root ::= " + "(" * 5000 + '"a"' + ")" * 5000
 UNSATISFIABLE = "root ::= [^\\x00-\\U0010FFFF]"
+LITERAL_BOMB = 'root ::= "' + "a" * 60000 + '"{1000}'  # ~0.5 GB of copies per parse
+HIDDEN_LEFT_RECURSION = 'root ::= a\na ::= (("")) a "x" | "y"'  # llama.cpp's own check misses it
+NESTED_OPTIONAL = "root ::= " + "(" * 30 + '("x" | "")' + "){2}" * 30  # 2^30 stacks at the start
 
 # (name, body or raw bytes, expected status, expected param or None)
 CORPUS = [
@@ -64,6 +67,11 @@ CORPUS = [
     ("grammar repetition 1e6", chat(grammar='root ::= "a"{1000000}'), 400, "grammar"),
     ("grammar unsatisfiable", chat(grammar=UNSATISFIABLE), 400, "grammar"),  # a stream of it starts, then ends
     ("grammar malformed", chat(grammar="root ::= ((("), 400, "grammar"),
+    ("grammar reversed {1,0}", chat(grammar='root ::= "a"{1,0}'), 400, "grammar"),
+    ("grammar reversed {5,2}", chat(grammar='root ::= "a"{5,2}'), 400, "grammar"),
+    ("grammar 60,000-char literal {1000}", chat(grammar=LITERAL_BOMB), 400, "grammar"),
+    ("grammar hidden left recursion", chat(grammar=HIDDEN_LEFT_RECURSION), 400, "grammar"),
+    ("grammar nested optional {2}", chat(grammar=NESTED_OPTIONAL), 400, "grammar"),
     ("tool maxLength 1e9, auto", chat(tools=[tool({"type": "object", "properties": {
         "s": {"type": "string", "maxLength": 1000000000}}})]), 400, "tools[0].function.parameters"),
     ("tool array bomb, required", chat(tools=[tool({"type": "object", "properties": {"xs": ARRAY_BOMB}})],
