@@ -31,7 +31,7 @@ from ..errors import APIError, context_length_exceeded, internal_error, invalid_
 from . import hardware
 from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
-from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, decode, logprobs_at
+from .llama import Batch, GrammarTooSlow, LlamaModelContext, NoValidToken, SamplerChain, decode, logprobs_at
 from .params import GenerationRequest
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
@@ -517,6 +517,11 @@ class LlamaEngine:
         except NoValidToken as exc:
             self._fail(slot, invalid_request(f"The request's grammar cannot be satisfied: {exc}.",
                                              param="grammar", code="grammar_unsatisfiable"))
+        except GrammarTooSlow as exc:
+            log.warning("request %s stopped: its grammar is too slow (%s)", slot.gen.request_id, exc)
+            self._fail(slot, invalid_request(f"The request's grammar is too costly to follow: {exc}; simplify "
+                                             f"its alternatives and optional repetitions.", param="grammar",
+                                             code="grammar_too_complex"))
         except Exception:  # noqa: BLE001 - fail this request, keep serving the others
             log.exception("sampling failed for %s", slot.gen.request_id)
             self._fail(slot, internal_error("Sampling failed for this request.", logged=True))

@@ -11,6 +11,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -257,6 +258,19 @@ class NoValidToken(RuntimeError):
     """Every token was ruled out (by the grammar): this request cannot go on."""
 
 
+class GrammarTooSlow(RuntimeError):
+    """The grammar's work per token went past its budget: the request stops before it stalls the others."""
+
+
+# A grammar's work per token (llama.cpp matching every candidate against its parse stacks) may take
+# GRAMMAR_ALLOWANCE_S; what it takes beyond adds up, and past GRAMMAR_EXCESS_BUDGET_S the request fails.
+# Every stream of the replica waits for it each step: the static bounds (app/gbnf_check.py) keep grammars
+# that start slow out, this catches those whose ambiguity grows with the reply ("a"|"aa" repeated: 1.2 s a
+# token after 100 tokens), which no static bound can see. A plain `.*` grammar costs 10-35 ms here.
+GRAMMAR_ALLOWANCE_S = 0.1
+GRAMMAR_EXCESS_BUDGET_S = 1.0
+
+
 class _Candidates:
     """A reusable llama_token_data_array over the whole vocabulary, filled from a row of logits."""
 
@@ -280,6 +294,7 @@ class SamplerChain:
         self.mc = mc
         self.params = p
         self._candidates: _Candidates | None = None
+        self.grammar_excess_s = 0.0  # the grammar's time past its allowance, summed over the reply
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.logit_bias:
@@ -353,13 +368,22 @@ class SamplerChain:
         if self._candidates is None:
             self._candidates = _Candidates(L.llama_vocab_n_tokens(self.mc.vocab))
         cur = self._candidates.load(L.llama_get_logits_ith(self.mc.ctx, batch_index))
+        started = time.perf_counter()
         L.llama_sampler_apply(self.chain, ctypes.byref(cur))
         chosen = cur.selected
         if not 0 <= chosen < cur.size or not math.isfinite(cur.data[chosen].logit):
             raise NoValidToken("the grammar allows no token at this point of the reply")
         token = int(cur.data[chosen].id)
         L.llama_sampler_accept(self.chain, token)
+        self._charge(time.perf_counter() - started)
         return token
+
+    def _charge(self, spent_s: float) -> None:
+        self.grammar_excess_s += max(0.0, spent_s - GRAMMAR_ALLOWANCE_S)
+        if self.grammar_excess_s > GRAMMAR_EXCESS_BUDGET_S:
+            raise GrammarTooSlow(f"matching the grammar took {spent_s * 1000:.0f} ms for the last token, and "
+                                 f"{self.grammar_excess_s:.1f} s past {GRAMMAR_ALLOWANCE_S * 1000:.0f} ms a token "
+                                 f"over the reply")
 
     def free(self) -> None:
         if self.chain:
