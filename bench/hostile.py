@@ -5,7 +5,8 @@ four hostile requests arrive together:
 
 - `big_message`: a chat message just under the server's 4 MiB body limit (`--message-bytes`): the
   template renders it and the model must refuse it without tokenizing megabytes on a busy loop;
-- `large_grammar`: a `grammar` of ~60 KB (just under limits.max_grammar_bytes), which llama.cpp parses;
+- `large_grammar`: a `grammar` of ~60 KB with 60 parse stacks at every step (just under
+  limits.max_grammar_bytes and limits.max_grammar_stacks), which llama.cpp parses and matches;
 - `logprobs_bomb`: /v1/completions with 128 prompts of ~1,000 tokens, `echo`, `logprobs: 20` and
   `max_tokens: 0` (gigabytes of logprob entries unless refused);
 - `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot.
@@ -60,15 +61,19 @@ def v1(base_url: str, path: str) -> str:
     return chat_url(base_url).removesuffix("/chat/completions") + path
 
 
-def big_grammar(max_bytes: int = 60_000) -> str:
-    """Alternatives of distinct words, as large as the server takes (its limit is 64 KiB)."""
-    words, size, i = [], len("root ::= "), 0
-    while size < max_bytes:
-        word = f'"w{i:05d}x"'
-        words.append(word)
-        size += len(word) + 3
+def big_grammar(max_bytes: int = 60_000, alternatives: int = 60) -> str:
+    """As large and as branchy as the server accepts (64 KiB, 64 parse stacks): a sequence of rules,
+    each a choice among `alternatives` distinct words, so every step checks that many stacks."""
+    rules, size, i = [], 0, 0
+    while True:
+        words = " | ".join(f'"w{i:03d}{j:02d}x"' for j in range(alternatives))
+        rule = f"r{i} ::= {words}"
+        if size + len(rule) + 16 > max_bytes - 16:
+            break
+        rules.append(rule)
+        size += len(rule) + 1 + len(f" r{i}")
         i += 1
-    return "root ::= " + " | ".join(words)
+    return "root ::= " + " ".join(f"r{k}" for k in range(len(rules))) + "\n" + "\n".join(rules)
 
 
 def hostile_requests(model: str, n: int, message_bytes: int) -> list[Hostile]:
