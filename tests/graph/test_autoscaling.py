@@ -24,7 +24,8 @@ import yaml
 from app.config import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 
-pytestmark = pytest.mark.timeout(900)
+# A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 MODEL_DEPLOYMENT = deployment_name(MODEL)
 FAKE_BASE = Path(__file__).resolve().parent.parent / "data" / "fake_multinode.yaml"
 
@@ -121,7 +122,6 @@ def test_logical_gpus_bound_model_replicas():
         assert wait_for(lambda: ray.available_resources().get("GPU", 0) == 1, timeout=30)
 
 
-@pytest.mark.slow
 def test_autoscaling_cluster_adds_and_removes_gpu_nodes():
     import ray
     from ray.cluster_utils import AutoscalingCluster

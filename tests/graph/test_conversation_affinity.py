@@ -12,7 +12,8 @@ from app.config import deployment_name
 from app.placement import PREFIX_ROUTER_CLASS
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 
-pytestmark = pytest.mark.timeout(600)
+# A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SYSTEM = " ".join(f"Rule {i}: the {w} in room {i * 3 % 17} is checked every {i % 5 + 2} days."
                   for i, w in enumerate(("lamp", "clock", "valve", "door", "map", "pump") * 5))

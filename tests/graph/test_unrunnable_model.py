@@ -15,7 +15,8 @@ from app.config import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 
-pytestmark = pytest.mark.timeout(600)
+# A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BROKEN = "cut-gguf"
 
 
