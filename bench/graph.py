@@ -16,6 +16,7 @@ generator (bench/graph_load.py, a process of its own) keeps that many streamed c
   `stats`: tokens_decoded), so delivered / engine says whether the CPU tiers keep up;
 - TTFT p50/p99 and what the graph adds to the engine's own (2.5 steps + prefill at the nominal rates);
   inter-chunk gap p99 and what it adds to the engine's own chunk interval (the coalescing window);
+- the cores each tier uses idle, before the first level (health checks, metrics, control loops);
 - CPU seconds per 1,000 delivered tokens of each tier, from /proc before and after the window:
   Ingress replicas, ChatProcessor replicas, Serve's proxy, the model replica (its Ray side: the engine
   only sleeps), Ray's other processes (controller, raylet, GCS, ...), the load generator, the bench.
@@ -227,6 +228,18 @@ def _expect(proc: subprocess.Popen, marker: str, timeout_s: float) -> None:
     raise TimeoutError(f"no {marker!r} from the load generator within {timeout_s:.0f} s")
 
 
+def measure_idle(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], seconds: float) -> dict[str, float]:
+    """Cores each tier uses with no request at all (health checks, metrics, control loops): what a node
+    gives the graph whatever its traffic."""
+    wait_engine_idle(probe)
+    own = {**tiers, os.getpid(): "bench", probe.proc.pid: "bench"}
+    start = Window(server, probe, list(own))
+    time.sleep(seconds)
+    end = Window(server, probe, list(own))
+    cpu_s, _ = cpu_by_tier(start.procs, end.procs, APP, own)
+    return {t: round(v / (end.t - start.t), 3) for t, v in cpu_s.items() if t not in ("loadgen", "bench")}
+
+
 def run_level(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], urls: list[str], streams: int,
               ns: argparse.Namespace) -> dict[str, Any]:
     r = rates()
@@ -279,6 +292,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--warmup", type=float, default=15.0, help="seconds of each level before its window")
     p.add_argument("--measure", type=float, default=40.0, help="seconds of each level's measured window")
+    p.add_argument("--idle", type=float, default=10.0,
+                   help="seconds the idle graph is measured before the first level (0: not)")
     p.add_argument("--http", choices=("proxy", "direct"), default="proxy",
                    help="proxy: clients call Serve's proxy (serve_config.yaml's shape); direct: each Ingress "
                         "replica's own HTTP server (Ray Serve's direct ingress), the streams spread over them")
@@ -313,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                          "engine_gap": "the last nominal step end within the coalescing window"},
             "command": " ".join(["python -m bench.graph", *(argv if argv is not None else sys.argv[1:])])}
     levels: list[dict[str, Any]] = []
+    idle: dict[int, dict[str, float]] = {}
     failures: dict[str, str] = {}
     try:
         for replicas in ns.replicas:
@@ -324,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 tiers = replica_tiers(probe, server)
                 urls = client_urls(server, tiers)
                 log(f"{server.name}: replicas {tiers}; clients call {urls}")
+                if ns.idle > 0:
+                    idle[replicas] = measure_idle(server, probe, tiers, ns.idle)
+                    log(f"{server.name} idle: {idle[replicas]} cores")
                 for streams in ns.streams:
                     levels.append(run_level(server, probe, tiers, urls, streams, ns))
             except KeyboardInterrupt:
@@ -338,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     except KeyboardInterrupt:
         failures["interrupted"] = "the run was interrupted; the tables are partial"
-    text = report.format_tables(levels)
+    text = report.format_tables(levels, idle)
     checks = report.target_checks(levels)
     if checks:
         text += "\n\ntargets:\n" + "\n".join(f"  {'ok  ' if ok else 'FAIL'} {what}" for ok, what in checks)
@@ -349,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         text += f"\n{name}: {why}"
     print(text, flush=True)
     path = ns.out / "graph.json"
-    report_json = {**meta, "tiers": list(TIERS), "levels": levels, "targets": [{"ok": ok, "what": w} for ok, w in checks],
+    report_json = {**meta, "tiers": list(TIERS), "idle_cores": idle, "levels": levels,
+                   "targets": [{"ok": ok, "what": w} for ok, w in checks],
                    "sizing": sizing, "failures": failures}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report_json, indent=1, default=str) + "\n")

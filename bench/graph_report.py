@@ -95,9 +95,9 @@ def _table(head: tuple[str, ...], body: list[tuple[str, ...]], left: int = 0) ->
     return [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
 
 
-def format_tables(levels: list[dict[str, Any]]) -> str:
+def format_tables(levels: list[dict[str, Any]], idle: dict[int, dict[str, float]] | None = None) -> str:
     """Two tables: what the clients got, and where the CPU went (seconds per 1,000 delivered tokens,
-    which is also cores per 1,000 tok/s)."""
+    which is also cores per 1,000 tok/s); then the cores each tier used idle, per replica count."""
     head = ("R", "streams", "tok/s", "engine tok/s", "deliv/eng", "chunks/s", "tok/chunk", "TTFT p50",
             "TTFT p99", "+TTFT p50", "gap p99", "+gap p99", "failed")
     body = [(str(lv["replicas"]), str(lv["streams"]), _f(lv["delivered"]["tokens_per_s"]),
@@ -124,6 +124,9 @@ def format_tables(levels: list[dict[str, Any]]) -> str:
               "together, also per content chunk, and per 1,000 tokens at the engine's own pace (chunks of "
               "window/step tokens: a graph that falls behind sends bigger ones, which cost less per token)"]
     lines += _table(head2, body2)
+    for replicas, cores in (idle or {}).items():
+        lines.append(f"idle, R={replicas}: " + ", ".join(f"{TIER_LABELS[t]} {v:.3f}" for t, v in cores.items())
+                     + f" cores (serving {sum(cores.values()):.3f})")
     if any((lv["other_cores"] or 0) > OTHER_LOAD_WARN for lv in levels):
         lines.append(f"! other processes used > {OTHER_LOAD_WARN} cores during a level marked '!': its rates "
                      "are lower than on a quiet machine (its CPU per token much less so)")

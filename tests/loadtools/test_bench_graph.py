@@ -182,7 +182,8 @@ def test_targets_are_checked_on_one_replica_at_64_streams_only():
 def test_tables_show_every_level_and_flag_a_busy_machine():
     busy = level(streams=128)
     busy["other_cores"] = 0.5
-    text = report.format_tables([level(), busy])
+    text = report.format_tables([level(), busy], {1: {"ingress": 0.02, "chat_processor": 0.01, "proxy": 0.03,
+                                                       "model": 0.02, "ray_other": 0.05}})
     lines = text.splitlines()
     assert lines[1].split()[:5] == ["R", "streams", "tok/s", "engine", "tok/s"]
     row = next(line for line in lines if line.split()[:3] == ["1", "64", "3300"])
@@ -191,6 +192,8 @@ def test_tables_show_every_level_and_flag_a_busy_machine():
     assert cpu_rows[0].split()[-4:-1] == ["0.800", "8.00", f"{26.4 / 3.3 / 8:.3f}"]   # serving, ms/chunk, at pace
     assert len(cpu_rows) == 2 and cpu_rows[1].endswith("!")
     assert "Ingress" in text and "ChatProc" in text and "other processes used" in text
+    assert "idle, R=1: Ingress 0.020, ChatProc 0.010, proxy 0.030, model(Ray) 0.020, Ray other 0.050 cores " \
+           "(serving 0.130)" in text
 
 
 def test_sizing_gives_cores_per_1000_tokens_per_s_and_at_the_h200_rate():
