@@ -8,6 +8,7 @@ problem and become 400s; anything else is a server-side template bug.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -17,6 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import content_marks
 from .errors import APIError, invalid_request
+
+
+log = logging.getLogger("llamaray.template")
 
 
 class TemplateRaised(Exception):
@@ -67,34 +71,38 @@ def knows_developer_role(source: str) -> bool:
     return "developer" in source
 
 
-def template_messages(messages: list[dict[str, Any]], mark: bool = False,
+def template_messages(messages: list[dict[str, Any]], mark: bool | content_marks.Marker = False,
                       developer_as_system: bool = False) -> list[dict[str, Any]]:
     """OpenAI messages -> the dicts HF templates read (string content, tool-call args as objects).
-    `mark`: client text wrapped in content marks (see content_marks), so it never becomes control tokens.
+    `mark`: client text wrapped in content marks (see content_marks), so it never becomes control tokens
+    (a Marker says how; True: marks without slicing delimiters).
     `developer_as_system`: OpenAI's `developer` messages given as `system` (what they mean to a model
     whose template has no developer role)."""
-    text = content_marks.mark if mark else content_marks.clean
+    marker = mark if isinstance(mark, content_marks.Marker) else content_marks.Marker(marks=bool(mark))
     out = []
     for msg in messages:
         role = "system" if developer_as_system and msg["role"] == "developer" else msg["role"]
-        m: dict[str, Any] = {"role": role, "content": text(content_text(msg.get("content")))}
-        for key in ("name", "tool_call_id", "reasoning_content"):
+        m: dict[str, Any] = {"role": role, "content": marker.text(content_text(msg.get("content")))}
+        for key in ("name", "reasoning_content"):
             if msg.get(key):
-                m[key] = text(msg[key])
+                m[key] = marker.text(msg[key])
+        if msg.get("tool_call_id"):
+            m["tool_call_id"] = marker.ident(msg["tool_call_id"])
         if msg.get("tool_calls"):
-            m["tool_calls"] = [_template_call(call, mark) for call in msg["tool_calls"]]
+            m["tool_calls"] = [_template_call(call, marker) for call in msg["tool_calls"]]
         out.append(m)
     return out
 
 
-def _template_call(call: dict[str, Any], mark: bool) -> dict[str, Any]:
+def _template_call(call: dict[str, Any], marker: content_marks.Marker) -> dict[str, Any]:
     fn = call["function"]
     try:
         args: Any = json.loads(fn["arguments"]) if fn.get("arguments") else {}
     except json.JSONDecodeError:
         args = fn["arguments"]
-    leaves = content_marks.mark_leaves if mark else (lambda v: v)
-    return {"id": call.get("id"), "type": "function", "function": {"name": leaves(fn["name"]), "arguments": leaves(args)}}
+    call_id = call.get("id")
+    return {"id": marker.ident(call_id) if isinstance(call_id, str) else call_id, "type": "function",
+            "function": {"name": marker.text(fn["name"]), "arguments": marker.value(args)}}
 
 
 def render_prompt(
@@ -108,25 +116,28 @@ def render_prompt(
     extra: dict[str, Any] | None = None,
     mark_content: bool = False,
 ) -> str:
-    """The prompt text. `mark_content`: client text is marked for the engine, which tokenizes it
-    without special-token parsing (content_marks); off, the plain text (tests, /tokenize)."""
+    """The prompt text. `mark_content`: every client string is marked for the engine, which tokenizes
+    it without special-token parsing (content_marks), marks placed to survive the template's own
+    slicing; off, the plain text (tests, logs). prompt_check.checked_prompt adds the check."""
+    marker = content_marks.Marker(mark_content, content_marks.slice_delimiters(source) if mark_content else ())
+    messages = template_messages(messages, marker, developer_as_system=not knows_developer_role(source))
+    tools = marker.tools(tools)
     template = compile_template(source)
-    if mark_content and tools:
-        tools = content_marks.mark_leaves(tools)
     try:
-        return template.render(
-            messages=template_messages(messages, mark=mark_content,
-                                       developer_as_system=not knows_developer_role(source)),
+        prompt = template.render(
+            messages=messages,
             tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
             **(extra or {}),
         )
-    except TemplateRaised as exc:
+    except TemplateRaised as exc:  # the template author's own words, meant for the client
         raise invalid_request(f"The model's chat template rejected the messages: {exc}", param="messages") from None
-    except jinja2.exceptions.SecurityError as exc:
-        raise invalid_request(f"The chat template tried an unsafe operation: {exc}", param="messages") from None
-    except Exception as exc:  # noqa: BLE001 - a template bug (even 1/0) is a clean 500, never a crash
-        raise APIError(f"The model's chat template failed to render: {exc}", status=500,
-                       type="server_error", code="chat_template_error") from None
+    except Exception as exc:  # noqa: BLE001 - a template bug (even 1/0, or an unsafe operation) is a clean 500
+        # Jinja's text names the template's internals: it goes to the log, never to the client.
+        log.error("the chat template failed to render: %r", exc, exc_info=exc)
+        raise APIError("The model's chat template failed to render this conversation (see the server log).",
+                       status=500, type="server_error", code="chat_template_error", logged=True) from None
+    # A template that escapes (tojson with ensure_ascii) spelled marks as `\\ufdd0`: marks again.
+    return content_marks.unescape(prompt) if mark_content else prompt

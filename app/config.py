@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .gguf import GGUFError, read_metadata, special_token_text
+from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
@@ -126,11 +126,30 @@ class Limits(BaseModel):
     max_grammar_depth: int = Field(64, ge=1, le=1000, description="deepest group nesting in a `grammar`")
     max_schema_repetition: int = Field(1000, ge=1, le=100_000, description="largest repetition bound: "
                                        "maxLength/minLength/maxItems/minItems in schemas, {m,n} in a grammar")
+    # From measurements with the bundled model's vocabulary on a shared 2-core machine (`.*` costs
+    # ~10-35 ms a token there). llama.cpp parses a grammar again for every choice and for the
+    # engine's check, on the engine's thread: 480k elements take ~20 ms and +16 MiB, 1M ~50 ms and
+    # +35 MiB. Parse stacks: at 64 per step a token costs 45-125 ms; `("a"?){0,100}` (101) 3.2 s.
+    # Stacks on one character: at 4, 13-150 ms; `.?{0,8}` 0.3-0.6 s, `("  "?){0,31}` minutes.
+    max_grammar_elements: int = Field(500_000, ge=1000, description="largest `grammar` as llama.cpp builds it, in "
+                                      "elements: repetitions copy their item; a generated rule counts 16 more, and its name")
+    max_grammar_stacks: int = Field(64, ge=1, description="most parse stacks one step of a `grammar` may produce "
+                                    "(each is checked against the whole vocabulary per token)")
+    max_grammar_ambiguity: int = Field(4, ge=1, description="most of those stacks that may take the same "
+                                       "character (each is followed through the tokens that start with it)")
     max_schema_depth: int = Field(32, ge=1, le=256, description="deepest nesting of a JSON schema")
     max_schema_grammar_bytes: int = Field(256 * 1024, ge=1024, description="largest grammar a schema may produce")
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
+    # An entry is one token or one of its alternatives: about 130 bytes as Python objects, 20 pickled
+    # (each Ray hop) and 70 as JSON, so 65536 bound one request's logprobs to ~9 MB in memory and ~5 MB
+    # on the wire. That keeps a 2k-token echo with 5 alternatives (12288) plus 4k generated tokens with 5
+    # (24576) working with room to spare, or 3k generated tokens with the most alternatives OpenAI allows
+    # (20); 128 long prompts echoed with 20 alternatives (millions, gigabytes) are refused.
+    max_logprob_entries: int = Field(65536, ge=1, description="most logprob entries one request may produce: "
+                                     "prompt tokens scored x (1 + logprobs) plus generated tokens x choices x "
+                                     "(1 + logprobs), over all its prompts")
     stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
                                       "without data, so proxies keep a waiting stream open (0: off)")
 
@@ -149,12 +168,35 @@ class AuthConfig(BaseModel):
                                "another sent; `shared`: all callers share them (more reuse, one trust domain)")
 
 
+class TracingConfig(BaseModel):
+    """Where the replicas send OpenTelemetry spans (OTLP over HTTP). Off unless an endpoint is set here or in
+    the replicas' environment ($OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str | None = Field(None, description="the collector's OTLP/HTTP address, e.g. http://otel-collector:4318 "
+                                                   "(spans go to <endpoint>/v1/traces unless it ends so already)")
+    service_name: str | None = Field(None, description="the spans' service.name (default: $OTEL_SERVICE_NAME, else "
+                                                       "llamaray)")
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of new traces recorded; a request that "
+                                "carries a W3C `traceparent` follows its caller's sampling decision")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("tracing.endpoint must be an http:// or https:// URL (the collector's OTLP/HTTP port, "
+                             "usually 4318)")
+        return v
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelConfig] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     topology: Literal["graph", "single"] = Field(
         "graph", description="`graph`: an Ingress, a ChatProcessor and one LlamaModel deployment per model, each "
                              "scaled on its own (clusters); `single`: one Ingress replica that also renders prompts "
@@ -212,6 +254,9 @@ class ModelSpec:
     engine: str = "llama"  # ModelConfig.engine
     # engine synthetic: (prefill tokens/s, ((batch, ms per step), ...)), app/engine/synthetic.py
     synthetic: tuple[float, tuple[tuple[int, float], ...]] | None = None
+    # Texts of the vocabulary's control tokens (GGUF token types CONTROL, UNKNOWN): prompt_check's
+    # list of what client text must never become; () turns that check off.
+    control_tokens: tuple[str, ...] = ()
 
 
 
@@ -244,7 +289,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
     if not path.is_file():
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
     try:
-        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens",))
+        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
     except (GGUFError, OSError) as exc:
         raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
@@ -260,6 +305,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
+        control_tokens=control_token_texts(meta),
     )
 
 

@@ -20,12 +20,16 @@ class APIError(Exception):
         status: int | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        logged: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # Already in a server log with its cause (where it was made): the HTTP layer logs every 5xx it
+        # sends, once, and skips those.
+        self.logged = logged
         if status is not None:
             self.status = status
         if type is not None:
@@ -35,15 +39,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def __reduce__(self):  # keep status/param/code/headers when pickled across Ray hops
-        return (_rebuild, (self.message, self.param, self.code, self.status, self.type, self.headers))
+        return (_rebuild, (self.message, self.param, self.code, self.status, self.type, self.headers, self.logged))
 
     def __repr__(self) -> str:
         return f"APIError({self.status}, {self.type}, {self.message!r}, param={self.param!r}, code={self.code!r})"
 
 
 def _rebuild(message: str, param: str | None, code: str | None, status: int, type: str,
-             headers: dict[str, str] | None = None) -> APIError:
-    return APIError(message, param=param, code=code, status=status, type=type, headers=headers)
+             headers: dict[str, str] | None = None, logged: bool = False) -> APIError:
+    return APIError(message, param=param, code=code, status=status, type=type, headers=headers, logged=logged)
 
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -64,13 +68,15 @@ def not_found(message: str) -> APIError:
     return APIError(message, status=404, type="invalid_request_error", code="not_found")
 
 
-def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | None) -> APIError:
+def context_length_exceeded(n_ctx: int, prompt_tokens: int, max_tokens: int | None, at_least: bool = False) -> APIError:
+    """at_least: `prompt_tokens` is a lower bound (what the prompt's size proves before tokenizing it)."""
+    some = "at least " if at_least else ""
     if max_tokens is None:
-        detail = f"your messages resulted in {prompt_tokens} tokens"
+        detail = f"your messages resulted in {some}{prompt_tokens} tokens"
     else:
         detail = (
-            f"you requested {prompt_tokens + max_tokens} tokens "
-            f"({prompt_tokens} in the messages, {max_tokens} in the completion)"
+            f"you requested {some}{prompt_tokens + max_tokens} tokens "
+            f"({some}{prompt_tokens} in the messages, {max_tokens} in the completion)"
         )
     return APIError(
         f"This model's maximum context length is {n_ctx} tokens. However, {detail}. "
@@ -116,8 +122,10 @@ def payload_too_large(limit: int) -> APIError:
                     type="invalid_request_error", code="request_too_large")
 
 
-def internal_error(message: str = "The server had an error while processing your request.") -> APIError:
-    return APIError(message, status=500, type="server_error", code="internal_error")
+def internal_error(message: str = "The server had an error while processing your request.", *,
+                   logged: bool = False) -> APIError:
+    """`logged`: the caller has logged the cause (with its traceback) already."""
+    return APIError(message, status=500, type="server_error", code="internal_error", logged=logged)
 
 
 def as_api_error(exc: BaseException | None) -> APIError | None:

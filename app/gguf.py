@@ -58,13 +58,16 @@ def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
     if vtype == _ARRAY:
         item_type = _read(f, "<I")
         count = _read(f, "<Q")
-        if not keep and item_type in _SCALARS:
-            # Skip big numeric arrays (token scores, types) without decoding them.
+        if item_type in _SCALARS:
+            # Numeric arrays (token scores, types) in one read; skipped unless asked for.
             size = count * struct.calcsize(_SCALARS[item_type])
             if size > _remaining(f):
                 raise GGUFError("unexpected end of file in GGUF array")
-            f.seek(size, 1)
-            return None
+            if not keep:
+                f.seek(size, 1)
+                return None
+            code = _SCALARS[item_type]
+            return list(struct.unpack(f"{code[0]}{count}{code[1]}", f.read(size)))
         if count > _remaining(f):  # every element takes at least one byte
             raise GGUFError("unexpected end of file in GGUF array")
         items = [_read_value(f, item_type, keep) for _ in range(count)]
@@ -98,3 +101,18 @@ def special_token_text(meta: dict[str, Any], tokens: list[str] | None, key: str)
     if tokens is None or token_id is None or not 0 <= token_id < len(tokens):
         return ""
     return tokens[token_id]
+
+
+# llama.cpp's token types (llama_token_type): CONTROL and UNKNOWN texts become tokens only when a
+# text is tokenized with special-token parsing, as template text is and client text is not.
+TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL = 2, 3
+
+
+def control_token_texts(meta: dict[str, Any]) -> tuple[str, ...]:
+    """Texts of the vocabulary's control (and unknown) tokens, from `tokenizer.ggml.tokens` and
+    `tokenizer.ggml.token_type` (both kept by read_metadata); () when the file does not list them."""
+    tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type")
+    if not isinstance(tokens, list) or not isinstance(types, list) or len(tokens) != len(types):
+        return ()
+    return tuple(sorted({text for text, kind in zip(tokens, types)
+                         if kind in (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL) and text}))

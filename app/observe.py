@@ -1,4 +1,4 @@
-"""What the ChatProcessor reports about each request, for metrics. app/ stays free of Ray:
+"""What the processing reports about each request, for metrics (and its span, when traced). app/ stays free of Ray:
 deployments/metrics.py implements this with Ray's metrics, tests use a list."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ class RequestRecord:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    protocol: str = "chat"      # the API that answered: "chat", "completions"
+    finish_reason: str | None = None  # the (first) choice's, when it finished
 
 
 class RequestObserver(Protocol):

@@ -40,12 +40,14 @@ CHARS_PER_TOKEN = 4
 ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbalance"})
 
 
-def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
+def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS, scope: str = "") -> list[int]:
     """Chained hashes of `text`'s whole blocks: the i-th stands for text[: (i + 1) * block_chars].
-    A trailing partial block is left out. Python's str hash is salted per process, which is fine:
-    a record lives and is read in one process."""
+    A trailing partial block is left out. The chain starts from the prompt's cache scope, so prompts
+    of two scopes never match: a replica holds a prefix for its own scope only (the engine reuses KV
+    within a scope). Python's str hash is salted per process, which is fine: a record lives and is
+    read in one process."""
     out: list[int] = []
-    h = 0
+    h = hash(("scope", scope))
     for start in range(0, len(text) - block_chars + 1, block_chars):
         h = hash((h, text[start:start + block_chars]))
         out.append(h)
@@ -141,9 +143,10 @@ class PrefixRouter:
             rec = self.records[replica] = PrefixRecord(self.max_blocks)
         return rec
 
-    def record(self, prompt: str, replica: Hashable) -> None:
-        """`prompt` was sent to `replica` (call it once the replica accepted the request)."""
-        self.record_of(replica).add(block_hashes(prompt, self.block_chars))
+    def record(self, prompt: str, replica: Hashable, scope: str = "") -> None:
+        """`prompt` (of cache scope `scope`) was sent to `replica` (call it once the replica accepted
+        the request)."""
+        self.record_of(replica).add(block_hashes(prompt, self.block_chars, scope))
 
     def sync(self, replicas: Iterable[Hashable]) -> None:
         """The live replicas are `replicas`: new ones get an empty record, vanished ones are forgotten."""
@@ -156,9 +159,9 @@ class PrefixRouter:
     def forget(self, replica: Hashable) -> None:
         self.records.pop(replica, None)
 
-    def matched_chars(self, prompt: str, replica: Hashable) -> int:
+    def matched_chars(self, prompt: str, replica: Hashable, scope: str = "") -> int:
         rec = self.records.get(replica)
-        return rec.match(block_hashes(prompt, self.block_chars)) * self.block_chars if rec else 0
+        return rec.match(block_hashes(prompt, self.block_chars, scope)) * self.block_chars if rec else 0
 
     # -- the choice ------------------------------------------------------------------------------
     def _busy(self, load: ReplicaLoad, least: int) -> bool:
@@ -168,11 +171,11 @@ class PrefixRouter:
         threshold = self.imbalance if self.imbalance is not None else max(2, load.capacity // 2)
         return ongoing - least >= threshold
 
-    def choose(self, prompt: str, loads: Mapping[Hashable, ReplicaLoad]) -> Choice:
-        """Where to send `prompt`, among the replicas of `loads` (at least one)."""
+    def choose(self, prompt: str, loads: Mapping[Hashable, ReplicaLoad], scope: str = "") -> Choice:
+        """Where to send `prompt` (of cache scope `scope`), among the replicas of `loads` (at least one)."""
         if not loads:
             raise ValueError("no replica to choose from")
-        hashes = block_hashes(prompt, self.block_chars)
+        hashes = block_hashes(prompt, self.block_chars, scope)
         matched = {}
         for r in loads:
             rec = self.records.get(r)

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import tracing
 from .auth import KeyChecker
 from .errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
@@ -28,7 +29,7 @@ from .errors import (
 from .keepalive import Tick, with_ticks
 from .openapi import openapi_document
 from .schemas import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
+    CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
 from .serving.caller import ANONYMOUS, Caller
 from .serving.health import HealthCache, health_body
@@ -62,12 +63,28 @@ class ModelCard:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    status, body = error_body(exc)
+def log_server_error(exc: BaseException) -> None:
+    """Every 5xx the server sends, in its log once: an unexpected exception with its traceback, an APIError
+    (a condition: overloaded, timeout, a replica gone) as one line, unless it was logged where it was made."""
     api = as_api_error(exc)
     if api is None:
         log.error("unhandled error: %r", exc, exc_info=exc)
+    elif api.status >= 500 and not api.logged:
+        log.warning("%d %s: %s", api.status, api.code, api.message)
+        api.logged = True
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    log_server_error(exc)
+    api = as_api_error(exc)
     return JSONResponse(body, status_code=status, headers=api.headers if api else None)
+
+
+def error_event(exc: BaseException) -> dict[str, Any]:
+    """The error event that ends a stream already under way."""
+    log_server_error(exc)
+    return error_body(exc)[1]
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -131,8 +148,12 @@ async def _read_json(request: Request, limit: int) -> Any:
 
 
 def caller_of(request: Request) -> Caller | None:
-    """Who sent the request, as the key middleware found it (None: no valid key on an open route)."""
-    return request.scope.get("state", {}).get(CALLER_STATE, ANONYMOUS)
+    """Who sent the request, as the key middleware found it (None: no valid key on an open route), with the
+    request's trace context when it is traced."""
+    state = request.scope.get("state", {})
+    caller = state.get(CALLER_STATE, ANONYMOUS)
+    traceparent = state.get(TRACE_STATE)
+    return replace(caller, traceparent=traceparent) if caller is not None and traceparent else caller
 
 
 class Endpoints:
@@ -237,7 +258,7 @@ async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -
             yield item
 
     try:
-        async for chunk in frame_stream(batches(), lambda exc: error_body(exc)[1]):
+        async for chunk in frame_stream(batches(), error_event):
             yield chunk
     finally:
         # Client gone: close the source now (cancels the generation, frees the slot), not at GC.
@@ -275,9 +296,12 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
         Route("/health", api.health, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
     ]
+    middleware = [Middleware(TraceMiddleware, tracer=tracing.current())] if tracing.current().enabled else []
+    if settings.keys.enabled:
+        middleware.append(Middleware(APIKeyMiddleware, keys=settings.keys))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(APIKeyMiddleware, keys=settings.keys)] if settings.keys.enabled else [],
+        middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
 
@@ -312,6 +336,48 @@ class APIKeyMiddleware:
                 return
             scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
         await self.app(scope, receive, send)
+
+
+TRACE_STATE = "llamaray.traceparent"
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+
+
+class TraceMiddleware:
+    """A server span for each request to TRACED_PATHS, from its first byte in to its last byte out (a stream's
+    whole life), child of the `traceparent` the client sent, if any; current while the request is handled, and
+    handed to the processing in the Caller. Outside the key check, so refused requests are traced too."""
+
+    def __init__(self, app: Any, tracer: tracing.Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = route_path(scope) if scope["type"] == "http" else None
+        if path not in TRACED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        parent = dict(scope.get("headers") or []).get(b"traceparent", b"").decode("latin-1") or None
+        method = scope.get("method", "POST")
+        span = self.tracer.start(f"{method} {path}", parent=parent, kind="server", attributes={
+            "llamaray.tier": "ingress", "http.request.method": method, "http.route": path, "url.path": scope["path"]})
+        scope.setdefault("state", {})[TRACE_STATE] = tracing.traceparent_of(span)
+
+        async def send_traced(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                span.set_attribute("http.response.status_code", message["status"])
+                if message["status"] >= 500:
+                    tracing.fail(span, f"HTTP {message['status']}")
+            await send(message)
+
+        failure = None
+        try:
+            with tracing.active(span):
+                await self.app(scope, receive, send_traced)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            tracing.end(span, failure)
 
 
 def model_cards(specs: list[Any]) -> list[ModelCard]:

@@ -31,14 +31,17 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     model deployment's options are derived from its model entry (GPU, slots, autoscaling); Ray Serve applies
     a `deployments:` block of the config file on top, key by key, so the YAML wins."""
     models = {
-        spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg)).bind(spec)
+        spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg))
+        .bind(spec, parsed.tracing)
         for spec, cfg in zip(specs, parsed.models)
     }
-    processor = ChatProcessor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key")
-    return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth)
+    processor = ChatProcessor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key",
+                                   parsed.tracing)
+    return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing)
 
 
 def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     """One Ingress replica that also renders prompts and runs the models' engines: it reserves what their
     LlamaModel replicas would."""
-    return SingleIngress.options(**ingress_hosting_defaults(parsed.models)).bind(specs, parsed.limits, parsed.auth)
+    ingress = SingleIngress.options(**ingress_hosting_defaults(parsed.models))
+    return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing)

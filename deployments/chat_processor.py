@@ -10,11 +10,13 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config import Limits, ModelSpec
+from app import tracing
+from app.config import Limits, ModelSpec, TracingConfig, deployment_name
 from app.placement import CHAT_PROCESSOR_DEFAULTS
 from app.schemas import DetokenizeRequest, TokenizeRequest
 from app.serving.caller import Caller
 from app.serving.processing import APIRequest, Processor
+from app.serving.traced import traced_models
 
 from .errors import call_mapped
 from .handles import by_value
@@ -27,9 +29,10 @@ from .replica import replica_info
 @serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
-                 per_key_cache: bool = True) -> None:
-        self.processor = Processor(specs, RemoteModels(models), limits, observer=RayRequestObserver(),
-                                   per_key_cache=per_key_cache)
+                 per_key_cache: bool = True, tracing_config: TracingConfig | None = None) -> None:
+        tracing.configure(tracing_config)
+        remote = traced_models(RemoteModels(models), {mid: deployment_name(mid) for mid in models})
+        self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache)
 
     async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
         return await self.processor.respond(request, caller)

@@ -8,7 +8,11 @@ from typing import TypeVar
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
+import logging
+
 from app.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
+
+log = logging.getLogger("ray.serve")
 
 T = TypeVar("T")
 
@@ -25,7 +29,9 @@ def to_api_error(exc: BaseException) -> APIError:
                                    code="replica_unavailable")
     if isinstance(exc, ray_exc.RayTaskError) and exc.cause is not None:
         return to_api_error(exc.cause)
-    return internal_error()
+    # A bug, not a condition: its traceback is logged here, where it is still known (the client gets a 500).
+    log.error("llamaray: unexpected failure behind a handle call: %r", exc, exc_info=exc)
+    return internal_error(logged=True)
 
 
 async def call_mapped(start: Callable[[], Awaitable[T]]) -> T:

@@ -17,13 +17,15 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from app import tracing
 from app.auth import KeyChecker, load_api_keys, require_keys
-from app.config import AuthConfig, Limits, ModelSpec
+from app.config import AuthConfig, Limits, ModelSpec, TracingConfig
 from app.placement import INGRESS_DEFAULTS
 from app.server import ServerSettings, build_http_app, model_cards
 from app.serving.health import HealthCache, Refresh
 from app.serving.models import ModelState
 from app.serving.processing import Processing, Processor
+from app.serving.traced import traced_models, traced_processing
 
 from .chat_processor import RemoteProcessing
 from .metrics import RayRequestObserver
@@ -60,10 +62,13 @@ class _Front:
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class GraphIngress(_Front):
-    def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], limits: Limits, auth: AuthConfig) -> None:
+    def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
+                 tracing_config: TracingConfig | None = None) -> None:
+        tracing.configure(tracing_config)
         self.app_name = serve.get_replica_context().app_name
         self.placement = PlacementWatch(self.app_name, specs)
-        self._serve(specs, limits, auth, RemoteProcessing(processor, self.placement.admit), self._states)
+        processing = traced_processing(RemoteProcessing(processor, self.placement.admit), "ChatProcessor")
+        self._serve(specs, limits, auth, processing, self._states)
 
     async def _states(self) -> dict[str, ModelState]:
         return await asyncio.to_thread(cluster_model_states, self.app_name, self.specs, dict(self.placement.unplaced))
@@ -75,9 +80,11 @@ class GraphIngress(_Front):
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class SingleIngress(_Front):
-    def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig) -> None:
+    def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
+                 tracing_config: TracingConfig | None = None) -> None:
+        tracing.configure(tracing_config)
         self.models = LocalModels({spec.id: ModelHost(spec) for spec in specs})
-        processor = Processor(specs, self.models, limits, observer=RayRequestObserver(),
+        processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
                               per_key_cache=auth.cache_isolation == "per_key")
         self._serve(specs, limits, auth, processor, self._states)
 

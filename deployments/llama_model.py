@@ -6,7 +6,8 @@ from typing import Any
 
 from ray import serve
 
-from app.config import ModelSpec
+from app import tracing
+from app.config import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.serving.models import ModelState
 
@@ -17,7 +18,8 @@ from .replica import replica_info
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, tracing_config: TracingConfig | None = None) -> None:
+        tracing.configure(tracing_config)
         self.host = ModelHost(spec)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)

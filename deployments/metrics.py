@@ -1,67 +1,145 @@
-"""Ray Serve metrics for llamaray (they reach Ray's Prometheus endpoint with deployment,
-replica and application tags added by Serve). Names are listed in the README."""
+"""Ray Serve metrics for llamaray. They reach Ray's Prometheus endpoint with a `ray_` prefix (counters with a
+`_total` suffix) and the deployment, replica and application tags Serve adds. The README lists them;
+deploy/grafana/llamaray.json charts them.
+
+Two families:
+- `llamaray_*`: each API request as the processing saw it (protocol, status, error code), and engine gauges.
+- `vllm_*`: each generation as its model replica saw it, under the names and labels (`model_name`, `engine`) that
+  vLLM's Ray stat logger exports (`vllm:x` becomes `ray_vllm_x`), so Ray Serve LLM's Grafana dashboard and its
+  Prometheus-driven autoscaling policies (p99 of `ray_vllm_time_to_first_token_seconds`, running plus waiting
+  requests, prefix-cache hit rate) read llamaray's model replicas as they read vLLM's. Each choice counts as one
+  request, as vLLM counts the n children of a request.
+"""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from ray.serve import metrics
 
+from app.engine.timeline import Timeline
 from app.observe import RequestRecord
 
 _LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28]
 
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so percentiles read the same on either server.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0]
+# vLLM's 1-2-5 series up to the model's context; here one series for every model of a process, to 200k tokens.
+TOKEN_BUCKETS = [float(m * 10 ** e) for e in range(6) for m in (1, 2, 5) if m * 10 ** e <= 200_000]
+
+MODEL = ("model",)
+VLLM = ("model_name", "engine")  # vLLM's labels; `engine` is "0" (one engine per model in a replica)
+
+# name -> (kind, description, buckets, tags): every metric this module exports.
+METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
+    "llamaray_requests_total": ("counter", "API requests by protocol and outcome.", None,
+                                ("model", "protocol", "status", "stream", "error_code")),
+    "llamaray_request_duration_seconds": ("histogram", "Request start to end.", _LATENCY_BUCKETS, ("model", "status")),
+    "llamaray_time_to_first_token_seconds": ("histogram", "Request start to first token.", _LATENCY_BUCKETS, MODEL),
+    "llamaray_inter_token_latency_seconds": ("histogram", "Mean gap between tokens.", _ITL_BUCKETS, MODEL),
+    "llamaray_prompt_tokens_total": ("counter", "Prompt tokens.", None, MODEL),
+    "llamaray_completion_tokens_total": ("counter", "Generated tokens.", None, MODEL),
+    "llamaray_cached_prompt_tokens_total": ("counter", "Prompt tokens reused from the KV cache.", None, MODEL),
+    "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, MODEL),
+    "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, MODEL),
+    "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, MODEL),
+    "vllm_num_requests_running": ("gauge", "Requests in the engine's slots (each choice counts).", None, VLLM),
+    "vllm_num_requests_waiting": ("gauge", "Requests waiting for a slot.", None, VLLM),
+    "vllm_prompt_tokens": ("counter", "Prompt tokens of the requests admitted.", None, VLLM),
+    "vllm_generation_tokens": ("counter", "Generated tokens.", None, VLLM),
+    "vllm_prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.", None, VLLM),
+    "vllm_prefix_cache_hits": ("counter", "Prompt tokens whose KV was reused (cached_tokens).", None, VLLM),
+    "vllm_request_success": ("counter", "Finished requests by finish reason (stop, length, abort, error).", None,
+                             VLLM + ("finished_reason",)),
+    "vllm_request_prompt_tokens": ("histogram", "Prompt tokens per request.", TOKEN_BUCKETS, VLLM),
+    "vllm_request_generation_tokens": ("histogram", "Generated tokens per request.", TOKEN_BUCKETS, VLLM),
+    "vllm_time_to_first_token_seconds": ("histogram", "Arrival at the model replica to first token.", TTFT_BUCKETS,
+                                         VLLM),
+    "vllm_request_time_per_output_token_seconds": ("histogram", "Decode time per generated token after the first.",
+                                                   TPOT_BUCKETS, VLLM),
+    "vllm_e2e_request_latency_seconds": ("histogram", "Arrival at the model replica to the end.",
+                                         REQUEST_LATENCY_BUCKETS, VLLM),
+    "vllm_request_queue_time_seconds": ("histogram", "Waiting for a slot (submitted -> admitted).",
+                                        REQUEST_LATENCY_BUCKETS, VLLM),
+    "vllm_request_inference_time_seconds": ("histogram", "Admitted -> end.", REQUEST_LATENCY_BUCKETS, VLLM),
+    "vllm_request_prefill_time_seconds": ("histogram", "Admitted -> first token.", REQUEST_LATENCY_BUCKETS, VLLM),
+    "vllm_request_decode_time_seconds": ("histogram", "First token -> end.", REQUEST_LATENCY_BUCKETS, VLLM),
+}
+
+
+@functools.cache
+def metric(name: str) -> Any:
+    """The Ray metric `name` of METRICS, made once per process (a replica may host several models)."""
+    kind, doc, buckets, tags = METRICS[name]
+    if kind == "counter":
+        return metrics.Counter(name, doc, tag_keys=tags)
+    if kind == "gauge":
+        return metrics.Gauge(name, doc, tag_keys=tags)
+    return metrics.Histogram(name, doc, boundaries=buckets, tag_keys=tags)
+
 
 class RayRequestObserver:
-    """ChatProcessor side: one record per chat completion."""
-
-    def __init__(self) -> None:
-        self.requests = metrics.Counter("llamaray_requests_total", "Chat completions by outcome.",
-                                        tag_keys=("model", "status", "stream", "error_code"))
-        self.ttft = metrics.Histogram("llamaray_time_to_first_token_seconds", "Request start to first token.",
-                                      boundaries=_LATENCY_BUCKETS, tag_keys=("model",))
-        self.itl = metrics.Histogram("llamaray_inter_token_latency_seconds", "Mean gap between tokens.",
-                                     boundaries=_ITL_BUCKETS, tag_keys=("model",))
-        self.e2e = metrics.Histogram("llamaray_request_duration_seconds", "Request start to end.",
-                                     boundaries=_LATENCY_BUCKETS, tag_keys=("model", "status"))
-        self.prompt = metrics.Counter("llamaray_prompt_tokens_total", "Prompt tokens.", tag_keys=("model",))
-        self.completion = metrics.Counter("llamaray_completion_tokens_total", "Generated tokens.",
-                                          tag_keys=("model",))
-        self.cached = metrics.Counter("llamaray_cached_prompt_tokens_total", "Prompt tokens reused from the KV cache.",
-                                      tag_keys=("model",))
+    """The processing's side (the ChatProcessor, or the Ingress with topology single): one record per request."""
 
     def record(self, rec: RequestRecord) -> None:
         model = {"model": rec.model}
         # error_code is "" (no label in Prometheus) unless the request failed: which error, at a glance.
-        self.requests.inc(1, {**model, "status": rec.status, "stream": str(rec.stream).lower(),
-                              "error_code": rec.error_code or ""})
-        self.e2e.observe(rec.duration_s, {**model, "status": rec.status})
+        metric("llamaray_requests_total").inc(1, {**model, "protocol": rec.protocol, "status": rec.status,
+                                                  "stream": str(rec.stream).lower(), "error_code": rec.error_code or ""})
+        metric("llamaray_request_duration_seconds").observe(rec.duration_s, {**model, "status": rec.status})
         if rec.ttft_s is not None:
-            self.ttft.observe(rec.ttft_s, model)
+            metric("llamaray_time_to_first_token_seconds").observe(rec.ttft_s, model)
         if rec.itl_s is not None:
-            self.itl.observe(rec.itl_s, model)
-        if rec.prompt_tokens:
-            self.prompt.inc(rec.prompt_tokens, model)
-        if rec.completion_tokens:
-            self.completion.inc(rec.completion_tokens, model)
-        if rec.cached_tokens:
-            self.cached.inc(rec.cached_tokens, model)
+            metric("llamaray_inter_token_latency_seconds").observe(rec.itl_s, model)
+        for name, value in (("llamaray_prompt_tokens_total", rec.prompt_tokens),
+                            ("llamaray_completion_tokens_total", rec.completion_tokens),
+                            ("llamaray_cached_prompt_tokens_total", rec.cached_tokens)):
+            if value:
+                metric(name).inc(value, model)
 
 
 class EngineGauges:
-    """LlamaModel side: sequences running and waiting in this replica, prefix-cache hits."""
+    """The model's side (a LlamaModel replica, or the Ingress hosting the engine): sequences running and waiting,
+    prefix-cache hits, and each generation under vLLM's names."""
 
     def __init__(self, model: str) -> None:
         self.tags = {"model": model}
-        self.running = metrics.Gauge("llamaray_running_sequences", "Sequences decoding in this replica.",
-                                     tag_keys=("model",))
-        self.waiting = metrics.Gauge("llamaray_waiting_sequences", "Sequences admitted to the replica, not yet in a slot.",
-                                     tag_keys=("model",))
-        self.cache_hits = metrics.Counter("llamaray_prefix_cache_hits_total",
-                                          "Requests that reused a cached prompt prefix.", tag_keys=("model",))
+        self.vllm_tags = {"model_name": model, "engine": "0"}
 
     def update(self, stats: dict) -> None:
-        self.running.set(stats["running"], self.tags)
-        self.waiting.set(stats["waiting"], self.tags)
+        metric("llamaray_running_sequences").set(stats["running"], self.tags)
+        metric("llamaray_waiting_sequences").set(stats["waiting"], self.tags)
+        metric("vllm_num_requests_running").set(stats["running"], self.vllm_tags)
+        metric("vllm_num_requests_waiting").set(stats["waiting"], self.vllm_tags)
 
     def cache_hit(self) -> None:
-        self.cache_hits.inc(1, self.tags)
+        metric("llamaray_prefix_cache_hits_total").inc(1, self.tags)
+
+    def record(self, timeline: Timeline) -> None:
+        """A generation that ended (or was abandoned): each admitted choice, as vLLM records a finished request."""
+        tags = self.vllm_tags
+        for c in timeline.stats():
+            metric("vllm_request_success").inc(1, {**tags, "finished_reason": c.finish_reason})
+            for name, count in (("vllm_prompt_tokens", c.prompt_tokens), ("vllm_generation_tokens", c.generation_tokens),
+                                ("vllm_prefix_cache_queries", c.prompt_tokens),
+                                ("vllm_prefix_cache_hits", c.cached_tokens)):
+                if count:
+                    metric(name).inc(count, tags)
+            for name, value in (("vllm_request_prompt_tokens", c.prompt_tokens),
+                                ("vllm_request_generation_tokens", c.generation_tokens),
+                                ("vllm_e2e_request_latency_seconds", c.e2e_s),
+                                ("vllm_request_queue_time_seconds", c.queue_s),
+                                ("vllm_request_inference_time_seconds", c.inference_s),
+                                ("vllm_time_to_first_token_seconds", c.ttft_s),
+                                ("vllm_request_prefill_time_seconds", c.prefill_s),
+                                ("vllm_request_decode_time_seconds", c.decode_s),
+                                ("vllm_request_time_per_output_token_seconds", c.tpot_s)):
+                if value is not None:
+                    metric(name).observe(value, tags)

@@ -11,11 +11,13 @@ from typing import Any
 
 import ray
 
+from app import tracing
 from app.config import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.events import Event, Started
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
+from app.engine.timeline import Timeline
 from app.errors import overloaded, service_unavailable
 from app.serving.models import READY, ModelState
 
@@ -45,6 +47,9 @@ class ModelHost:
             logger.error("%s", exc)
         self.gauges = EngineGauges(self.spec.id)
         self._gauge_task: asyncio.Task | None = None
+        # Requests through `generate` not yet started: being prepared (off the event loop) or waiting for
+        # a slot. The engine's own queue does not see the ones still being prepared.
+        self._unstarted = 0
 
     async def _publish_gauges(self) -> None:
         while self.engine is not None:
@@ -62,12 +67,29 @@ class ModelHost:
         if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
-        if bounded and engine.waiting >= WAITING_PER_SLOT * self.spec.n_seq_max:
+        if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
-        async for batch in generate_stream(engine, request, self.spec.stream_interval_ms / 1000):
-            if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
-                self.gauges.cache_hit()
-            yield batch
+        self._unstarted += 1
+        started, timeline, failure = False, Timeline(), None
+        try:
+            async for batch in generate_stream(engine, request, self.spec.stream_interval_ms / 1000):
+                if not started:
+                    started = True
+                    self._unstarted -= 1
+                timeline.feed(batch)
+                if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
+                    self.gauges.cache_hit()
+                yield batch
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if not started:
+                self._unstarted -= 1
+            timeline.close(failure)
+            self.gauges.record(timeline)
+            if tracing.current().enabled:
+                tracing.record_generation(timeline, request, self.spec.id, failure)
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)

@@ -27,14 +27,15 @@ from app.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 logger = logging.getLogger("ray.serve")
 
 
-def prompt_of(pending_request: PendingRequest | None) -> str | None:
-    """The rendered prompt of a `generate(GenerationRequest)` call; None for every other method
-    (tokenize, stats, replica_info), which go by load."""
+def prompt_of(pending_request: PendingRequest | None) -> tuple[str, str] | None:
+    """The rendered prompt of a `generate(GenerationRequest)` call and its cache scope (prefixes are
+    matched within a scope only); None for every other method (tokenize, stats, replica_info), which
+    go by load."""
     if pending_request is None:
         return None
     for arg in (*pending_request.args, *pending_request.kwargs.values()):
         if isinstance(arg, GenerationRequest):
-            return arg.prompt
+            return arg.prompt, arg.cache_scope
     return None
 
 
@@ -96,12 +97,13 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
             pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
-        prompt = prompt_of(pending_request)
-        if prompt is None or len(candidate_replicas) == 1:
+        routed = prompt_of(pending_request)
+        if routed is None or len(candidate_replicas) == 1:
             # Not a generation, or nothing to choose: Serve takes the least loaded of the rank.
             return [candidate_replicas]
         loads = await self._loads(candidate_replicas)
-        choice = self._prefix().choose(prompt, loads)
+        prompt, scope = routed
+        choice = self._prefix().choose(prompt, loads, scope)
         self.decisions.inc(1, {"deployment": self._deployment, "reason": choice.reason})
         by_id = {r.replica_id: r for r in candidate_replicas}
         first, rest = by_id[choice.replica], [by_id[rid] for rid in choice.order[1:]]
@@ -110,9 +112,10 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         # Serve calls this once the replica accepted the request (its rejection protocol, on for every
         # handle but a Ray Client's); without it nothing is recorded and the router goes by load.
-        prompt = prompt_of(pending_request)
-        if prompt is not None:
-            self._prefix().record(prompt, replica_id)
+        routed = prompt_of(pending_request)
+        if routed is not None:
+            prompt, scope = routed
+            self._prefix().record(prompt, replica_id, scope)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

@@ -7,13 +7,13 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from ..chat_template import render_prompt
 from ..config import Limits, ModelSpec
 from ..engine.params import GenerationRequest, SamplingParams
 from ..errors import invalid_request
 from ..gbnf_check import GBNFLimits, check_gbnf
 from ..grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
+from ..prompt_check import checked_prompt
 from ..schemas import ChatCompletionRequest, CompletionRequest
 from ..tool_calling import ReplyFormat, ToolPlan, plan_tools
 
@@ -46,11 +46,15 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     tools = tool_plan(req, fmt, schema_limits)
     # A forced call's grammar wins over a free-form format.
     grammar = tools.grammar or format_grammar(req, schema_limits)
+    if grammar is not None and grammar is not req.grammar:
+        check_generated_grammar(grammar, limits, "tools" if tools.grammar else "response_format")
     prompt = chat_prompt(spec, tools)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
-                            stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k)
+                            stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k,
+                            return_tokens=tools.parser is not None and spec.tool_continuation_rounds > 0,
+                            max_logprob_entries=limits.max_logprob_entries)
     return GenerationPlan(req, spec, gen, fmt, tools.parser)
 
 
@@ -60,10 +64,11 @@ def tool_plan(req: ChatCompletionRequest, fmt: ReplyFormat, schema_limits: Gramm
 
 
 def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True) -> str:
-    """The prompt the model's template renders for the request's messages (and tools), client text marked."""
-    return render_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
-                         add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
-                         eos_token=spec.eos_token, mark_content=True)
+    """The prompt the model's template renders for the request's messages (and tools), client text marked
+    and checked: its control tokens are the template's own (prompt_check)."""
+    return checked_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
+                          add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
+                          eos_token=spec.eos_token, control_tokens=spec.control_tokens)
 
 
 def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int = 0) -> SamplingParams:
@@ -140,4 +145,20 @@ def check_client_grammar(grammar: str | None, limits: Limits) -> None:
     """A client's GBNF `grammar`, bounded before llama.cpp parses it."""
     if grammar is not None:
         check_gbnf(grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
-                                       max_repetition=limits.max_schema_repetition))
+                                       max_repetition=limits.max_schema_repetition,
+                                       max_elements=limits.max_grammar_elements, max_stacks=limits.max_grammar_stacks,
+                                       max_ambiguity=limits.max_grammar_ambiguity))
+
+
+def check_generated_grammar(grammar: str, limits: Limits, param: str) -> None:
+    """A grammar made from the request's schemas (`param`): a safety net behind the converter's own
+    limits, which keep its grammars within ~570k elements (20,000 repetition steps, rule names of
+    up to 60 characters): twice a client's bound. Its stacks are bounded loosely (a JSON enum starts
+    one per value, up to 1000): against nested optional repetitions (`pattern`), which multiply them."""
+    # the converter bounds its text (limits.max_schema_grammar_bytes); wrappers add a little
+    check_gbnf(grammar, GBNFLimits(max_bytes=2 * limits.max_schema_grammar_bytes, max_depth=1000,
+                                   max_repetition=limits.max_schema_repetition,
+                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None,
+                                   elements_setting="2 x limits.max_grammar_elements, for schema grammars",
+                                   stacks_setting="for schema grammars"),
+               param=param, subject=f"The grammar made from `{param}`")

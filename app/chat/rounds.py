@@ -1,6 +1,11 @@
 """A reply's generation, in rounds: a tool call that `max_tokens` cut inside its JSON is continued
 (bounded rounds, within the context) so the client gets a whole call. Continuation rounds are folded
-into the one reply: one `Started`, one `Finished`, the usage of all rounds."""
+into the one reply: one `Started`, one `Finished`, the usage of all rounds.
+
+A round continues from the token ids generated so far (the model returns them when planning asked,
+GenerationRequest.return_tokens), never from their text: re-tokenizing the text would turn generated
+text that spells a control token into that token, and could give other tokens than the ones whose KV
+the model holds."""
 
 from __future__ import annotations
 
@@ -21,10 +26,6 @@ from .tally import ReplyTally
 OpenStream = Callable[[str, GenerationRequest], AsyncIterator[list[Event]]]
 """How a reply reaches a model: a Ray handle in production, an engine or a fake in tests."""
 
-# Tokens kept free when a cut tool call is continued: the prompt plus the reply so far is tokenized
-# anew, and the reply's text may not give back exactly the tokens that produced it.
-CONTINUATION_MARGIN = 16
-
 
 async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally,
                        timeout_s: float, first: AsyncIterator[list[Event]] | None = None) -> AsyncIterator[list[Event]]:
@@ -32,6 +33,7 @@ async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: Re
     `first`: the first round's events when they are already flowing (one choice of several)."""
     deadline = time.monotonic() + timeout_s
     gen, rounds = plan.gen, 0
+    generated: list[int] = []  # the reply's token ids, over its rounds
     while gen is not None:
         events = first if first is not None else open_stream(plan.spec.id, gen)
         first, gen = None, None
@@ -46,7 +48,8 @@ async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: Re
                     tally.add_text(ev.text)
                 elif isinstance(ev, Finished):
                     tally.end_round(ev)
-                    gen = _next_round(plan, parser, tally, ev, rounds)
+                    generated.extend(ev.token_ids)
+                    gen = _next_round(plan, parser, tally, ev, rounds, generated)
                     if gen is not None:
                         rounds += 1
                         continue  # the reply goes on: this round's end is not the reply's
@@ -60,28 +63,32 @@ async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: Re
 
 
 def _next_round(plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally, ended: Finished,
-                rounds: int) -> GenerationRequest | None:
+                rounds: int, generated: list[int]) -> GenerationRequest | None:
     """The continuation of a reply whose tool call `max_tokens` cut, or None when it is done."""
     if ended.finish_reason != "length" or not plan.tool_parser or rounds >= plan.spec.tool_continuation_rounds:
         return None
+    if len(generated) != tally.completion_tokens:
+        return None  # the model did not return the reply's ids: it cannot be continued exactly
     room = continuation_room(plan, tally)
     if room <= 0:
         return None
-    text = tally.text()
-    return continuation(plan, text, room) if parser.has_open_call(text) else None
+    return continuation(plan, generated, room) if parser.has_open_call(tally.text()) else None
 
 
-def continuation(plan: GenerationPlan, text: str, max_tokens: int) -> GenerationRequest:
-    """The next round: prompt + everything generated (its KV prefix is reused), and a forced call's
-    grammar resumed after the text it already produced."""
-    return replace(plan.gen, request_id=uuid.uuid4().hex, prompt=plan.gen.prompt + text, max_tokens=max_tokens, n=1,
-                   sampling=replace(plan.gen.sampling, grammar_prefix=text))
+def continuation(plan: GenerationPlan, generated: list[int], max_tokens: int) -> GenerationRequest:
+    """The next round: the same prompt followed by the ids generated so far (their KV prefix is reused
+    exactly), a forced call's grammar resumed after them. It reuses that KV even for a request that asked
+    for no cached prefix (`cache_prompt` false): it is the same reply going on, and only its own KV gives
+    the next token the logits an uncut generation would have had."""
+    return replace(plan.gen, request_id=uuid.uuid4().hex, continue_tokens=[*plan.gen.continue_tokens, *generated],
+                   max_tokens=max_tokens, n=1, cache_prompt=True)
 
 
 def continuation_room(plan: GenerationPlan, tally: ReplyTally) -> int:
-    """Tokens a continuation round may generate: its budget, within what is left of the context.
-    0: no room, the reply ends with `length`."""
-    left = plan.spec.n_ctx - tally.prompt_tokens - tally.completion_tokens - CONTINUATION_MARGIN
+    """Tokens a continuation round may generate: its budget, within what is left of the context (the
+    next round's prompt is exactly the prompt's tokens and the ones generated). 0: no room, the reply
+    ends with `length`."""
+    left = plan.spec.n_ctx - tally.prompt_tokens - tally.completion_tokens
     return max(0, min(plan.spec.tool_continuation_tokens, left))
 
 

@@ -15,6 +15,7 @@ from ..observe import NullObserver, RequestObserver
 from ..schemas import ChatCompletionRequest
 from ..serving.caller import ANONYMOUS, Caller, cache_scope
 from ..tool_calling import resolve_reply_format
+from ..tracing import traced
 from .choices import ChoiceSplitter, merge
 from .plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body
@@ -66,6 +67,8 @@ def usage(choices: list[Choice]) -> dict[str, Any]:
 
 
 class ChatService:
+    protocol = "chat"
+
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
                  observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         self.models = {s.id: s for s in specs}
@@ -82,7 +85,8 @@ class ChatService:
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
-        plan = await off_loop(self.limits, plan_request, req, spec, self.formats[spec.id], self.limits)
+        work = off_loop(self.limits, plan_request, req, spec, self.formats[spec.id], self.limits)
+        plan = await traced("plan", work, plan_attributes)
         plan.gen.cache_scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
         plan.gen.cache_prompt = req.cache_prompt is not False
         return plan
@@ -160,10 +164,16 @@ class ChatService:
                       for i, c in enumerate(choices)])
 
     def _record(self, plan: GenerationPlan, choices: list[Choice], stream: bool, failure: BaseException | None) -> None:
-        rec = choices[0].tally.record(plan.spec.id, stream, failure)
+        rec = choices[0].tally.record(plan.spec.id, stream, failure, self.protocol)
         if len(choices) > 1:
             rec = replace(rec, completion_tokens=sum(c.tally.completion_tokens for c in choices))
         self.observer.record(rec)
+
+
+def plan_attributes(plan: GenerationPlan) -> dict[str, Any]:
+    """What planning decided, for its span."""
+    return {"llamaray.prompt_chars": len(plan.gen.prompt), "llamaray.grammar": plan.gen.sampling.grammar is not None,
+            "llamaray.tools": len(plan.req.tools or []), "gen_ai.request.choice.count": plan.gen.n}
 
 
 def finish_reason(made_calls: bool, ended: str | None) -> str | None:

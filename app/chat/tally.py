@@ -56,7 +56,7 @@ class ReplyTally:
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
-    def record(self, model: str, stream: bool, exc: BaseException | None) -> RequestRecord:
+    def record(self, model: str, stream: bool, exc: BaseException | None, protocol: str) -> RequestRecord:
         status, code = "ok", None
         if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
             status = "cancelled"
@@ -72,4 +72,4 @@ class ReplyTally:
         return RequestRecord(model=model, stream=stream, status=status, error_code=code,
                              duration_s=time.monotonic() - self.t0, ttft_s=ttft, itl_s=itl,
                              prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                             cached_tokens=self.cached_tokens)
+                             cached_tokens=self.cached_tokens, protocol=protocol, finish_reason=self.finish_reason)

@@ -23,6 +23,7 @@ from ..errors import APIError, model_not_found
 from ..observe import NullObserver, RequestObserver
 from ..schemas import CompletionRequest
 from ..serving.caller import ANONYMOUS, Caller, cache_scope
+from ..tracing import traced
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")
@@ -46,10 +47,11 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     sampling.grammar = req.grammar
     request_id, n = uuid.uuid4().hex, req.n or 1
     score_prompt = bool(req.echo) and req.logprobs is not None
+    share = limits.max_logprob_entries // max(1, len(req.prompts))  # each prompt's part of the request's logprobs
     gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
                               max_tokens=req.max_tokens, stop=req.stop_list, sampling=replace(sampling), n=n,
                               logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
-                              cache_prompt=req.cache_prompt is not False)
+                              cache_prompt=req.cache_prompt is not False, max_logprob_entries=share)
             for p, prompt in enumerate(req.prompts)]
     return CompletionPlan(req, spec, request_id, gens, n)
 
@@ -110,6 +112,8 @@ async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
 
 
 class CompletionService:
+    protocol = "completions"
+
     def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
                  observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         self.models = {s.id: s for s in specs}
@@ -123,7 +127,8 @@ class CompletionService:
         if spec is None:
             raise model_not_found(req.model)
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        return await off_loop(self.limits, plan_completion, req, spec, self.limits, scope)
+        return await traced("plan", off_loop(self.limits, plan_completion, req, spec, self.limits, scope),
+                            lambda plan: {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n})
 
     def _choices(self, plan: CompletionPlan) -> list[Choice]:
         req = plan.req
@@ -187,7 +192,7 @@ class CompletionService:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, False, failure))
+            self.observer.record(tally.record(plan.spec.id, False, failure, self.protocol))
         return CompletionMaker(plan.request_id, req.model).body([c.body() for c in choices], tally.usage())
 
     async def stream(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
@@ -207,4 +212,4 @@ class CompletionService:
             failure = exc
             raise
         finally:
-            self.observer.record(tally.record(plan.spec.id, True, failure))
+            self.observer.record(tally.record(plan.spec.id, True, failure, self.protocol))

@@ -5,6 +5,12 @@ chunks of newly admitted prompts, then samples each sequence with its own sample
 Requests join and leave between steps; a finished, failed or cancelled request frees its slot
 at once. A free slot keeps its tokens' KV so a later prompt with the same prefix reuses it.
 
+The lock guards only the queue (waiting requests, cancellations, closing): `submit`, `cancel` and
+`stats` never wait for slow work. A request's slow setup (tokenizing, its sampler chains with their
+grammar) is done by `prepare`, on the caller's thread, before it is queued; the decode thread takes
+waiting requests out under the lock and places them in the KV (copies, prompt-cache restores and
+saves) after releasing it. Slots belong to the decode thread alone.
+
 The engine knows nothing of asyncio: a step's events go out in one call of `publish`
 (stream.py's publisher hands them to each event loop in one wake-up).
 """
@@ -19,11 +25,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from .. import content_marks
 from ..config import ModelSpec, place
 from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
+from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
-from .llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, check_grammar, decode, logprobs_at
+from .llama import Batch, GrammarTooSlow, LlamaModelContext, NoValidToken, SamplerChain, decode, logprobs_at
 from .params import GenerationRequest
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
@@ -57,7 +65,9 @@ class LlamaEngine:
         self._batch = Batch(max(spec.n_batch, spec.n_seq_max))
         self._cv = threading.Condition()
         self._waiting: deque[Generation] = deque()
+        self._admitting: list[Generation] = []  # out of the queue, not yet in their slots
         self._cancelled: set[str] = set()
+        self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
         self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
         self._closing = False
@@ -76,17 +86,22 @@ class LlamaEngine:
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> Generation:
-        """Tokenize and check limits; raises APIError (400) before anything is queued. With n > 1
-        the first choice carries the others: they take slots together and share its prompt's KV."""
+        """Tokenize, check limits, build each choice's sampler chain (its grammar parsed); raises
+        APIError (400) before anything is queued. Slow for long prompts and large grammars: call it
+        off the event loop (stream.py does). With n > 1 the first choice carries the others: they
+        take slots together and share its prompt's KV."""
         if req.n > len(self._slots):
             raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
                                   f"choices at once (its n_seq_max).", param="n", code="n_too_large")
-        prompt = self.mc.tokenize_prompt(req.prompt) or [self.mc.bos]
         limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
-        if len(prompt) >= self.n_ctx or (limit is not None and len(prompt) + limit > self.n_ctx):
-            raise context_length_exceeded(self.n_ctx, len(prompt), limit)
-        if req.sampling.grammar:
-            check_grammar(self.mc, req.sampling.grammar)
+        self._check_continuation(req.continue_tokens)
+        # What the prompt's bytes already prove, before the work of tokenizing it.
+        at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
+        self._check_fits(at_least, limit, exact=False)
+        self._check_logprobs(req, at_least, limit, exact=False)
+        prompt = (self.mc.tokenize_prompt(req.prompt) or [self.mc.bos]) + list(req.continue_tokens)
+        self._check_fits(len(prompt), limit, exact=True)
+        self._check_logprobs(req, len(prompt), limit, exact=True)
 
         def choice(index: int) -> Generation:
             return Generation(req=req, sink=sink, prompt=prompt, stop=StopMatcher(req.stop), index=index,
@@ -94,7 +109,71 @@ class LlamaEngine:
 
         first = choice(0)
         first.choices = [choice(i) for i in range(1, req.n)]
+        try:
+            for g in (first, *first.choices):
+                g.sampler = self._sampler_for(req, g.index)
+        except Exception as exc:
+            first.free_samplers()
+            if isinstance(exc, APIError):
+                raise
+            log.exception("could not build the sampler for %s", req.request_id)
+            raise internal_error("Could not set up sampling for this request.", logged=True) from None
         return first
+
+    def discard(self, gen: Generation) -> None:
+        """A prepared generation that will not be submitted: its samplers freed. Any thread."""
+        gen.free_samplers()
+
+    def _fewest_tokens(self, prompt: str) -> int:
+        """The fewest tokens `prompt` can make (0: not known for this vocabulary): its UTF-8 bytes over
+        the longest token piece, our content marks not counted."""
+        longest = self.mc.longest_piece
+        if not longest:
+            return 0
+        size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
+        marks = prompt.count(content_marks.OPEN) + prompt.count(content_marks.CLOSE)
+        if marks:  # marks (3 bytes each) and their JSON-escaped forms (\\ufdd0, 6 bytes) are no text
+            size -= 3 * marks + 6 * (prompt.count("\\ufdd") + prompt.count("\\uFDD"))
+        return -(-max(0, size) // longest)
+
+    def _check_fits(self, prompt_tokens: int, limit: int | None, exact: bool) -> None:
+        if prompt_tokens >= self.n_ctx or (limit is not None and prompt_tokens + limit > self.n_ctx):
+            raise context_length_exceeded(self.n_ctx, prompt_tokens, limit, at_least=not exact)
+
+    def _check_continuation(self, tokens: list[int]) -> None:
+        """Token ids to continue from reach llama.cpp as they are: one outside the vocabulary aborts it."""
+        n_vocab = self.mc.n_vocab
+        for i, token in enumerate(tokens):
+            if not 0 <= token < n_vocab:
+                raise invalid_request(f"Token id {token} (continue_tokens[{i}]) is not in the vocabulary of model "
+                                      f"`{self.spec.id}`.", param="continue_tokens", code="invalid_token")
+
+    def _check_logprobs(self, req: GenerationRequest, prompt_tokens: int, limit: int | None, exact: bool) -> None:
+        """The logprob entries this generation may make, within its share of limits.max_logprob_entries:
+        each is a TokenLogprob with `logprobs` alternatives, built, pickled and sent as JSON."""
+        share = req.max_logprob_entries
+        if share is None or (req.logprobs is None and not req.prompt_logprobs):
+            return
+        per = 1 + (req.logprobs or 0)
+        scored = prompt_tokens if req.prompt_logprobs else 0
+        generated = 0
+        if req.logprobs is not None and limit is not None:
+            generated = limit
+        elif req.logprobs is not None and exact:  # the context left (from a bound on the prompt: unknown)
+            generated = max(0, self.n_ctx - prompt_tokens)
+        entries = (scored + generated * req.n) * per
+        if entries <= share:
+            return
+        parts = []
+        if scored:
+            parts.append(f"{'at least ' if not exact else ''}{scored} prompt tokens scored")
+        if generated:
+            parts.append(f"up to {generated} generated tokens x {req.n} choices")
+        raise invalid_request(
+            f"This request may produce {'at least ' if not exact else ''}{entries} logprob entries "
+            f"({' + '.join(parts)}, each with 1 + {req.logprobs or 0} alternatives); at most {share} are allowed "
+            f"for it (limits.max_logprob_entries, shared over the request's prompts). Ask for fewer `logprobs`, "
+            f"a lower `max_tokens`, fewer choices or shorter prompts.", param="logprobs", code="logprobs_too_large")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
@@ -111,12 +190,16 @@ class LlamaEngine:
         return self.mc.detokenize(tokens)
 
     def submit(self, gen: Generation) -> None:
+        """Queue a prepared generation (the engine owns it from here). Any thread."""
         with self._cv:
-            if self.broken:
-                raise APIError(f"The model engine is unavailable: {self.broken}", status=503,
-                               type="server_error", code="engine_unavailable")
-            self._waiting.append(gen)
-            self._cv.notify()
+            if not self.broken:
+                gen.queued_at = time.monotonic()
+                self._waiting.append(gen)
+                self._cv.notify()
+                return
+        gen.free_samplers()
+        raise APIError(f"The model engine is unavailable: {self.broken}", status=503,
+                       type="server_error", code="engine_unavailable")
 
     def cancel(self, request_id: str) -> None:
         with self._cv:
@@ -125,14 +208,14 @@ class LlamaEngine:
 
     def stats(self) -> dict[str, Any]:
         with self._cv:
-            return {"running": self.active, "waiting": len(self._waiting), "slots": len(self._slots),
+            return {"running": self.active, "waiting": self.waiting, "slots": len(self._slots),
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
                     "prompt_cache": self._prompt_cache.stats()}
 
     @property
     def waiting(self) -> int:
         """Requests submitted and not yet in a slot (read without the lock: a hint)."""
-        return len(self._waiting)
+        return len(self._waiting) + len(self._admitting)
 
     @property
     def active(self) -> int:
@@ -161,8 +244,14 @@ class LlamaEngine:
                     if self._closing:
                         break
                     cancelled, self._cancelled = self._cancelled, set()
-                    self._drop_cancelled(cancelled)
-                    self._admit()
+                    dropped = self._unqueue(cancelled)
+                    self._admitting = self._take_admissible()
+                # Without the lock from here: KV edits, copies and saves never hold up the callers.
+                for gen in dropped:
+                    gen.free_samplers()
+                self._release_cancelled(cancelled)
+                self._admit(self._admitting)
+                self._admitting = []
                 self._flush()
                 if self.active:
                     started = time.perf_counter()
@@ -186,55 +275,61 @@ class LlamaEngine:
             out, self._outbox = self._outbox, []
             self._publish(out)
 
-    def _drop_cancelled(self, ids: set[str]) -> None:
-        if not ids:
-            return
-        self._waiting = deque(g for g in self._waiting if g.request_id not in ids)
+    def _unqueue(self, ids: set[str]) -> list[Generation]:
+        """Waiting requests cancelled (under the lock); the caller frees their samplers."""
+        if not ids or not self._waiting:
+            return []
+        dropped = [g for g in self._waiting if g.request_id in ids]
+        if dropped:
+            self._waiting = deque(g for g in self._waiting if g.request_id not in ids)
+        return dropped
+
+    def _release_cancelled(self, ids: set[str]) -> None:
         for slot in self._slots:
             if slot.gen is not None and slot.gen.request_id in ids:
                 self._release(slot, keep_cache=False)
 
-    # -- admission: a sampler, then a place in the KV --------------------------------------------
-    def _admit(self) -> None:
-        """Waiting requests into idle slots, in order; a request for n choices waits for n."""
-        while self._waiting:
-            gen = self._waiting[0]
-            if sum(slot.state is SlotState.IDLE for slot in self._slots) < 1 + len(gen.choices):
-                return
-            self._waiting.popleft()
-            group = [gen, *gen.choices]
-            try:
-                for g in group:
-                    g.sampler = self._sampler_for(g.req, g.index)
-            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the loop
-                for g in group:
-                    if g.sampler is not None:
-                        g.sampler.free()
-                if not isinstance(exc, APIError):
-                    log.exception("could not build the sampler for %s", gen.request_id)
-                    exc = internal_error("Could not set up sampling for this request.")
-                self._out(gen, Failed(exc))
-                continue
-            # Scoring the prompt needs logits at every prompt position: nothing of it is reused.
-            slot, reused = self._place(gen.prompt, reuse=not gen.req.prompt_logprobs)
+    def _take_admissible(self) -> list[Generation]:
+        """Waiting requests that idle slots can take now, out of the queue (under the lock)."""
+        if not self._waiting:
+            return []
+        idle = sum(slot.state is SlotState.IDLE for slot in self._slots)
+        taken = admissible(self._waiting, idle, time.monotonic(), self.backfill_s)
+        if taken:
+            chosen = set(map(id, taken))
+            self._waiting = deque(g for g in self._waiting if id(g) not in chosen)
+        return taken
+
+    # -- admission: a place in the KV ------------------------------------------------------------
+    def _admit(self, admitted: list[Generation]) -> None:
+        """Requests taken out of the queue into idle slots (enough of them were counted): the first
+        choice where its prompt's longest reusable prefix is, its other choices into the lowest idle slots."""
+        for gen in admitted:
+            # Scoring the prompt needs logits at every prompt position: nothing of it is reused. Nor is
+            # anything for a request that asked for none (cache_prompt false: reproducible replies).
+            reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
+            slot, reused = self._place(gen.prompt, gen.req.cache_scope, reuse=reuse)
             slot.occupy(gen, reused)
-            for g in group:
-                if g is not gen:
-                    fork = self._lowest_idle()
-                    self._save_to_cache(fork, keep=0)
-                    fork.occupy(g, 0, SlotState.FORKING)
-                self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index))
+            for g in gen.choices:
+                fork = self._lowest_idle()
+                self._save_to_cache(fork, keep=0)
+                fork.occupy(g, 0, SlotState.FORKING)
+            for g in (gen, *gen.choices):
+                self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index,
+                                     queued_s=time.monotonic() - gen.queued_at))
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
         sampler = SamplerChain(self.mc, params)
-        if sampler.advance(req.sampling.grammar_prefix):
+        if sampler.advance(req.continue_tokens):
             return sampler
-        # A continued reply whose text does not fit the grammar: continue unconstrained.
+        # A continued reply whose tokens do not fit the grammar: continue unconstrained.
         sampler.free()
-        return SamplerChain(self.mc, replace(params, grammar=None))
+        sampler = SamplerChain(self.mc, replace(params, grammar=None))
+        sampler.advance(req.continue_tokens)
+        return sampler
 
-    def _place(self, prompt: list[int], reuse: bool = True) -> tuple[Slot, int]:
+    def _place(self, prompt: list[int], scope: str, reuse: bool = True) -> tuple[Slot, int]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
         The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
@@ -244,8 +339,10 @@ class LlamaEngine:
         more than a gap. The slot's own prefix is kept; a longer one is copied in from another slot (a
         busy slot's earlier positions never change) or restored from the prompt cache in host memory,
         after what the slot held went to that cache. At least the last prompt token is always
-        recomputed, so there are logits to sample from."""
-        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse else 0 for slot in self._slots}
+        recomputed, so there are logits to sample from. Only KV computed in the prompt's cache `scope`
+        is reused (kept, copied or restored): other scopes' prefixes count as nothing."""
+        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse and slot.scope == scope else 0
+                  for slot in self._slots}
         target = self._lowest_idle()
         best_idle = max((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
         if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
@@ -253,7 +350,7 @@ class LlamaEngine:
         source = max(self._slots, key=lambda s: (prefix[s.index], s is target))
         if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
             source = target  # copying a stream is only worth it for a real prefix
-        cached, held = self._prompt_cache.best(prompt) if reuse else (None, 0)
+        cached, held = self._prompt_cache.best(prompt, scope) if reuse else (None, 0)
         if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
             self._save_to_cache(target, keep=0)
             kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
@@ -271,10 +368,10 @@ class LlamaEngine:
 
     def _save_to_cache(self, slot: Slot, keep: int) -> None:
         """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
-        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens):
+        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens, slot.scope):
             state, size = self.mc.seq_state(slot.index)
             if size:
-                self._prompt_cache.put(slot.tokens, state, size)
+                self._prompt_cache.put(slot.tokens, state, size, slot.scope)
 
     def _restore(self, slot: int, entry: Entry, keep: int) -> int:
         """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
@@ -363,7 +460,7 @@ class LlamaEngine:
             rc = decode(self.mc, self._batch)
             if rc != 0:
                 log.error("llama_decode returned %d for request %s alone", rc, gen.request_id)
-                self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request."))
+                self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request.", logged=True))
                 continue
             self._advance(slot, tokens)
 
@@ -420,9 +517,14 @@ class LlamaEngine:
         except NoValidToken as exc:
             self._fail(slot, invalid_request(f"The request's grammar cannot be satisfied: {exc}.",
                                              param="grammar", code="grammar_unsatisfiable"))
+        except GrammarTooSlow as exc:
+            log.warning("request %s stopped: its grammar is too slow (%s)", slot.gen.request_id, exc)
+            self._fail(slot, invalid_request(f"The request's grammar is too costly to follow: {exc}; simplify "
+                                             f"its alternatives and optional repetitions.", param="grammar",
+                                             code="grammar_too_complex"))
         except Exception:  # noqa: BLE001 - fail this request, keep serving the others
             log.exception("sampling failed for %s", slot.gen.request_id)
-            self._fail(slot, internal_error("Sampling failed for this request."))
+            self._fail(slot, internal_error("Sampling failed for this request.", logged=True))
 
     def _sample(self, slot: Slot) -> None:
         gen = slot.gen
@@ -433,6 +535,8 @@ class LlamaEngine:
             return
         gen.last_token = token
         gen.pending_tokens += 1
+        if gen.req.return_tokens:
+            gen.token_ids.append(token)
         if gen.req.logprobs is not None:
             gen.pending_logprobs.append(self._logprob(gen.logits_at, token, gen.req.logprobs))
         out, matched = gen.stop.feed(gen.decoder.decode(self.mc.piece(token)))
@@ -453,7 +557,8 @@ class LlamaEngine:
         # Free the slot before telling the client, so a follow-up request finds it free.
         self._release(slot, keep_cache=True)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
-                                completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index))
+                                completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
+                                token_ids=tuple(gen.token_ids) if reason == "length" else ()))
 
     def _text(self, gen: Generation, text: str) -> None:
         """Released text, with the tokens (and their logprobs) held back until now."""
@@ -478,9 +583,11 @@ class LlamaEngine:
 
     def _fail_all(self, err: APIError) -> None:
         with self._cv:
-            for gen in self._waiting:
+            for gen in (*self._waiting, *(g for g in self._admitting if g.slot < 0)):
+                gen.free_samplers()
                 self._out(gen, Failed(err))
             self._waiting.clear()
+            self._admitting = []
             for slot in self._slots:
                 if slot.gen is not None:
                     gen = slot.gen

@@ -39,6 +39,7 @@ class Started(_Picklable):
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV was reused
     index: int = 0      # the choice
+    queued_s: float = 0.0  # how long it waited for a slot (submitted -> admitted), by the engine's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,9 @@ class Finished(_Picklable):
     completion_tokens: int
     cached_tokens: int
     index: int = 0
+    # The generated ids of a generation cut by its limit ("length"), only when the request asked
+    # (return_tokens: a reply that may be continued); empty otherwise, so the event stays small.
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

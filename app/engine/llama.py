@@ -11,6 +11,8 @@ import logging
 import math
 import re
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp as L
@@ -88,6 +90,22 @@ class LlamaModelContext:
         self.bos = L.llama_vocab_bos(self.vocab)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
+        self.longest_piece = self._longest_piece()
+
+    def _longest_piece(self) -> int | None:
+        """The most UTF-8 bytes of text one token stands for (control tokens written out), so a text of
+        B bytes is at least B / this many tokens; None where that does not hold. BPE, SPM and RWKV
+        vocabularies match text byte for byte (SPM's space marks become the space they stand for);
+        WPM and UGM normalize it first (lowercase, accents), so one token may stand for more bytes."""
+        if L.llama_vocab_type(self.vocab) not in (L.LLAMA_VOCAB_TYPE_SPM, L.LLAMA_VOCAB_TYPE_BPE,
+                                                  L.LLAMA_VOCAB_TYPE_RWKV):
+            return None
+        buf = ctypes.create_string_buffer(256)
+        longest = 1
+        for token in range(self.n_vocab):
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            longest = max(longest, abs(n))  # negative: the piece's size, longer than the buffer
+        return longest
 
     # -- tokens ----------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
@@ -222,16 +240,6 @@ def greedy_token(mc: LlamaModelContext, tokens: list[int]) -> int:
         batch.free()
 
 
-def check_grammar(mc: LlamaModelContext, grammar: str) -> None:
-    """Parse a GBNF grammar in isolation; a malformed one is the client's 400, never a crash."""
-    smpl = L.llama_sampler_init_grammar(mc.vocab, grammar.encode(), b"root")
-    if not smpl:
-        raise invalid_request("llama.cpp's GBNF parser rejected the grammar: check its syntax, that it "
-                              "defines `root`, and that repetitions stay within the parser's limits.",
-                              param="grammar", code="invalid_grammar")
-    L.llama_sampler_free(smpl)
-
-
 def logprobs_at(mc: LlamaModelContext, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """`token`'s log-probability in the batch row `batch_index` (a log-softmax of the raw logits:
     the model's distribution before any sampler), and the `k` most likely tokens there."""
@@ -248,6 +256,19 @@ def logprobs_at(mc: LlamaModelContext, batch_index: int, token: int, k: int) -> 
 
 class NoValidToken(RuntimeError):
     """Every token was ruled out (by the grammar): this request cannot go on."""
+
+
+class GrammarTooSlow(RuntimeError):
+    """The grammar's work per token went past its budget: the request stops before it stalls the others."""
+
+
+# A grammar's work per token (llama.cpp matching every candidate against its parse stacks) may take
+# GRAMMAR_ALLOWANCE_S; what it takes beyond adds up, and past GRAMMAR_EXCESS_BUDGET_S the request fails.
+# Every stream of the replica waits for it each step: the static bounds (app/gbnf_check.py) keep grammars
+# that start slow out, this catches those whose ambiguity grows with the reply ("a"|"aa" repeated: 1.2 s a
+# token after 100 tokens), which no static bound can see. A plain `.*` grammar costs 10-35 ms here.
+GRAMMAR_ALLOWANCE_S = 0.1
+GRAMMAR_EXCESS_BUDGET_S = 1.0
 
 
 class _Candidates:
@@ -273,6 +294,7 @@ class SamplerChain:
         self.mc = mc
         self.params = p
         self._candidates: _Candidates | None = None
+        self.grammar_excess_s = 0.0  # the grammar's time past its allowance, summed over the reply
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.logit_bias:
@@ -281,9 +303,11 @@ class SamplerChain:
         if p.grammar:
             g = L.llama_sampler_init_grammar(mc.vocab, p.grammar.encode(), b"root")
             if not g:
+                # A malformed grammar is the client's 400, never a crash.
                 self.free()
-                raise invalid_request("The grammar could not be parsed as GBNF.", param="grammar",
-                                      code="invalid_grammar")
+                raise invalid_request("llama.cpp's GBNF parser rejected the grammar: check its syntax, that it "
+                                      "defines `root`, and that repetitions stay within the parser's limits.",
+                                      param="grammar", code="invalid_grammar")
             add(g)
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(mc.vocab), p.penalty_last_n,
@@ -300,12 +324,17 @@ class SamplerChain:
             add(L.llama_sampler_init_temp(p.temperature))
             add(L.llama_sampler_init_dist(p.resolved_seed()))
 
-    def advance(self, text: str) -> bool:
-        """Move the grammar past `text` generated earlier under the same grammar (a continued
-        reply). Each token is checked on a separate grammar instance first, since accepting a
-        token the grammar rejects aborts inside llama.cpp. False if the text does not fit."""
+    def advance(self, tokens: Sequence[int]) -> bool:
+        """Move the samplers past `tokens` generated earlier under the same grammar (a continued
+        reply): the grammar's state, and the penalties' history. Each token is checked on a separate
+        grammar instance first, since accepting a token the grammar rejects aborts inside llama.cpp.
+        False if the tokens do not fit the grammar."""
         grammar = self.params.grammar
-        if not grammar or not text:
+        if not tokens:
+            return True
+        if not grammar:
+            for token in tokens:
+                L.llama_sampler_accept(self.chain, token)
             return True
         checker = L.llama_sampler_init_grammar(self.mc.vocab, grammar.encode(), b"root")
         if not checker:
@@ -313,7 +342,7 @@ class SamplerChain:
         one = (L.llama_token_data * 1)()
         arr = L.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
         try:
-            for token in self.mc.tokenize(text, add_special=False):
+            for token in tokens:
                 one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
                 arr.size = 1
                 L.llama_sampler_apply(checker, ctypes.byref(arr))
@@ -339,13 +368,22 @@ class SamplerChain:
         if self._candidates is None:
             self._candidates = _Candidates(L.llama_vocab_n_tokens(self.mc.vocab))
         cur = self._candidates.load(L.llama_get_logits_ith(self.mc.ctx, batch_index))
+        started = time.perf_counter()
         L.llama_sampler_apply(self.chain, ctypes.byref(cur))
         chosen = cur.selected
         if not 0 <= chosen < cur.size or not math.isfinite(cur.data[chosen].logit):
             raise NoValidToken("the grammar allows no token at this point of the reply")
         token = int(cur.data[chosen].id)
         L.llama_sampler_accept(self.chain, token)
+        self._charge(time.perf_counter() - started)
         return token
+
+    def _charge(self, spent_s: float) -> None:
+        self.grammar_excess_s += max(0.0, spent_s - GRAMMAR_ALLOWANCE_S)
+        if self.grammar_excess_s > GRAMMAR_EXCESS_BUDGET_S:
+            raise GrammarTooSlow(f"matching the grammar took {spent_s * 1000:.0f} ms for the last token, and "
+                                 f"{self.grammar_excess_s:.1f} s past {GRAMMAR_ALLOWANCE_S * 1000:.0f} ms a token "
+                                 f"over the reply")
 
     def free(self) -> None:
         if self.chain:

@@ -22,8 +22,6 @@ class SamplingParams:
     # (token id, bias) pairs added to the logits before any other sampler (OpenAI's logit_bias).
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: str | None = None
-    # Text already generated under `grammar` (a continued reply): the grammar starts after it.
-    grammar_prefix: str = ""
 
     def resolved_seed(self) -> int:
         """llama.cpp takes a 32-bit seed; 0xFFFFFFFF means "random", so never pass it."""
@@ -49,6 +47,19 @@ class GenerationRequest:
     # token to be decoded in a batch of another shape, whose floating-point sums differ in the last bits:
     # two identical seeded requests then agree only when neither reuses (llama-server's `cache_prompt`).
     cache_prompt: bool = True
+    # Token ids generated earlier after this very prompt (a continued reply): they follow the tokenized
+    # prompt as they are, so its KV prefix is reused exactly and no generated text ever turns into a
+    # control token; the samplers (the grammar) start after them.
+    continue_tokens: list[int] = field(default_factory=list)
+    # A generation cut by its limit ends with a `Finished` that carries its generated token ids (a reply
+    # that may be continued from them); off, every `Finished` stays small.
+    return_tokens: bool = False
+    # Most logprob entries this generation may make: prompt positions scored x (1 + logprobs) plus
+    # generated tokens x n x (1 + logprobs), counted before it is queued. None: no bound. Planning gives
+    # each generation its share of Limits.max_logprob_entries.
+    max_logprob_entries: int | None = None
+    # W3C trace context of the span this generation runs under (app/tracing.py); None when not traced.
+    traceparent: str | None = None
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""

@@ -10,6 +10,10 @@ prefix.
 
 Plain data: the engine (the only user, on its thread) serializes and restores the KV through
 llama.cpp's per-sequence state API (app/engine/llama.py). Bounded by bytes, least recently used out.
+
+Every entry belongs to a cache scope (GenerationRequest.cache_scope): a prompt only ever finds, covers or
+replaces entries of its own scope, so one user's cached prefix never shortens another's prefill (and
+`cached_tokens` never tells one user what another sent).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Entry:
     tokens: np.ndarray  # what the saved KV holds, in order
     state: Any          # llama.cpp's serialized sequence (a bytes-like buffer)
     size: int           # bytes held
+    scope: str          # the cache scope of the prompts that computed it
 
 
 class PromptCache:
@@ -58,36 +63,39 @@ class PromptCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def worth_keeping(self, tokens: Sequence[int]) -> bool:
-        """Whether KV of `tokens` about to be overwritten should be saved first: long enough, and not
-        already covered by an entry holding these tokens or more."""
+    def worth_keeping(self, tokens: Sequence[int], scope: str) -> bool:
+        """Whether KV of `tokens` (computed in `scope`) about to be overwritten should be saved first:
+        long enough, and not already covered by an entry of that scope holding these tokens or more."""
         if not self.enabled or len(tokens) < self.min_tokens:
             return False
         arr = np.asarray(tokens, dtype=np.int32)
-        return not any(len(e.tokens) >= len(arr) and shared_prefix(e.tokens, arr) == len(arr)
+        return not any(e.scope == scope and len(e.tokens) >= len(arr) and shared_prefix(e.tokens, arr) == len(arr)
                        for e in self._entries.values())
 
-    def put(self, tokens: Sequence[int], state: Any, size: int) -> None:
-        """Store the KV of `tokens`; entries it extends (their tokens a prefix of these) are dropped."""
+    def put(self, tokens: Sequence[int], state: Any, size: int, scope: str) -> None:
+        """Store the KV of `tokens`, computed in `scope`; that scope's entries it extends (their tokens a
+        prefix of these) are dropped."""
         if not self.enabled or size > self.max_bytes:
             return
         arr = np.asarray(tokens, dtype=np.int32)
         for key, e in list(self._entries.items()):
-            if len(e.tokens) <= len(arr) and shared_prefix(e.tokens, arr) == len(e.tokens):
+            if e.scope == scope and len(e.tokens) <= len(arr) and shared_prefix(e.tokens, arr) == len(e.tokens):
                 self._drop(key)
         while self._entries and self.bytes + size > self.max_bytes:
             self._drop(next(iter(self._entries)))
-        self._entries[self._next_id] = Entry(arr, state, size)
+        self._entries[self._next_id] = Entry(arr, state, size, scope)
         self._next_id += 1
         self.bytes += size
 
-    def best(self, prompt: Sequence[int]) -> tuple[Entry | None, int]:
-        """The entry sharing the longest prefix with `prompt`, and that length (0: none)."""
+    def best(self, prompt: Sequence[int], scope: str) -> tuple[Entry | None, int]:
+        """The entry of `scope` sharing the longest prefix with `prompt`, and that length (0: none)."""
         if not self._entries:
             return None, 0
         arr = np.asarray(prompt, dtype=np.int32)
         best_key, best_len = None, 0
         for key, e in self._entries.items():
+            if e.scope != scope:
+                continue
             n = shared_prefix(e.tokens, arr)
             if n > best_len:
                 best_key, best_len = key, n

@@ -52,10 +52,25 @@ class Generation:
     scored_from: int = -1    # batch index of this step's first prompt token, when the prompt is scored
     prompt_scores: list[TokenLogprob] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # for text still held back
+    token_ids: list[int] = field(default_factory=list)  # generated ids, kept when the request asks for them
+    queued_at: float = 0.0   # monotonic time of submission (admission fairness)
 
     @property
     def request_id(self) -> str:
         return self.req.request_id
+
+    @property
+    def slots_needed(self) -> int:
+        """Idle slots this request takes at once: one per choice."""
+        return 1 + len(self.choices)
+
+    def free_samplers(self) -> None:
+        """Free this generation's sampler chain and those of its choices still attached (a request that
+        never reaches a slot, or leaves the queue)."""
+        for g in (self, *self.choices):
+            if g.sampler is not None:
+                g.sampler.free()
+                g.sampler = None
 
 
 @dataclass(eq=False)
@@ -64,9 +79,11 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what this slot's KV holds, in order
     gen: Generation | None = None
     state: SlotState = SlotState.IDLE
+    scope: str = ""  # the cache scope of the prompt that computed `tokens`: only that scope reuses them
 
     def occupy(self, gen: Generation, reused: int, state: SlotState = SlotState.PREFILLING) -> None:
         self.tokens = gen.prompt[:reused]
+        self.scope = gen.req.cache_scope
         gen.n_past = gen.cached = reused
         gen.slot = self.index
         self.gen, self.state = gen, state

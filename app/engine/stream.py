@@ -3,7 +3,7 @@
 `publish_to_loops` is the engine's publisher: a step's events for one event loop go over in a single
 `call_soon_threadsafe` (one wake-up per step, not per token); other sinks are called directly.
 
-`generate_stream` yields lists of events (events.py). The first text piece goes out at once (time to
+`generate_stream` prepares the request off the event loop, then yields lists of events (events.py). The first text piece goes out at once (time to
 first token); after that, pieces are held while the next engine step would still end within the
 coalescing window, then go together. Tokens arrive once per step, so a chunk leaves on a step's end,
 never between two: waiting past one would only add latency. The window grows with the number of
@@ -16,13 +16,14 @@ is raised as its APIError. Closing the generator early cancels the request.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 from .engine import LlamaEngine
 from .events import Event, Failed, Finished, Text, coalesce
 from .params import GenerationRequest
-from .slots import Sink
+from .slots import Generation, Sink
 
 PER_STREAM_S = 0.015
 # A chunk never waits longer than this after the one before it, plus its delivery through Ray and HTTP
@@ -92,10 +93,46 @@ async def _hold_for_steps(queue: asyncio.Queue[Event], events: list[Event], dead
         _drain(queue, events)
 
 
+class _Handoff:
+    """A prepared generation passes from the preparing thread to its stream, or, when the stream gave up
+    meanwhile, is discarded (its samplers freed): exactly one of the two, whichever side comes last."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.gen: Generation | None = None
+        self.abandoned = False
+
+
+async def _prepare(engine: LlamaEngine, req: GenerationRequest, sink: Sink) -> Generation:
+    """engine.prepare (tokenizing a long prompt, parsing a grammar: CPU work) in a thread, never on the
+    event loop; APIError for bad input."""
+    handoff = _Handoff()
+
+    def work() -> None:
+        gen = engine.prepare(req, sink)
+        with handoff.lock:
+            if not handoff.abandoned:
+                handoff.gen = gen
+                return
+        engine.discard(gen)
+
+    try:
+        await asyncio.to_thread(work)
+    except asyncio.CancelledError:  # the thread goes on; what it prepares is not wanted
+        with handoff.lock:
+            handoff.abandoned = True
+            gen, handoff.gen = handoff.gen, None
+        if gen is not None:
+            engine.discard(gen)
+        raise
+    assert handoff.gen is not None
+    return handoff.gen
+
+
 async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
-    gen = engine.prepare(req, QueueSink(loop, queue))  # APIError for bad input
+    gen = await _prepare(engine, req, QueueSink(loop, queue))
     engine.submit(gen)
     finished = sent_text = False
     done = 0  # choices finished

@@ -1,5 +1,5 @@
 """Who sent a request, as far as the server needs to know: the identity of the API key it carried (never
-the key itself), used to keep one caller's cached prompts away from another's."""
+the key itself), used to keep one caller's cached prompts away from another's, and the trace it is part of."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Caller:
     """`key_id`: a short digest of the API key the request authenticated with; None when the server runs
-    without keys (or the route is open)."""
+    without keys (or the route is open). `traceparent`: W3C trace context of the request's span at the
+    Ingress, which the processing's spans join (None when not traced)."""
 
     key_id: str | None = None
+    traceparent: str | None = None
 
     @classmethod
     def with_key(cls, key: bytes) -> "Caller":

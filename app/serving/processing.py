@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, Union
 
+from .. import tracing
 from ..chat import ChatService
 from ..completions import CompletionService
 from ..config import Limits, ModelSpec
@@ -40,6 +41,8 @@ class Processor:
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
         observer = observer or NullObserver()
+        if tracing.current().enabled:
+            observer = tracing.RecordsOnSpans(observer)
         self.models = models
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
@@ -51,13 +54,34 @@ class Processor:
         return self.services[type(request)]
 
     async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
-        return await self._service(request).complete(request, caller)
+        service = self._service(request)
+        work = service.complete(request, caller)
+        if not tracing.current().enabled:
+            return await work
+        return await tracing.awaited_in(_span(service, request, caller), work)
 
     def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
-        return self._service(request).stream(request, caller)
+        service = self._service(request)
+        events = service.stream(request, caller)
+        if not tracing.current().enabled:
+            return events
+        return tracing.stream_in(_span(service, request, caller), events)
 
     async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.tokens.tokenize(request)
 
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.tokens.detokenize(request)
+
+
+OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name
+
+
+def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
+    """The processing span of one request, child of the Ingress's (or its Ray hop's) span."""
+    operation = OPERATIONS[service.protocol]
+    attributes = {"llamaray.tier": "processor", "llamaray.protocol": service.protocol,
+                  "gen_ai.operation.name": operation, "gen_ai.request.model": request.model,
+                  "llamaray.stream": bool(request.stream)}
+    return tracing.current().start(f"{operation} {request.model}", parent=caller.traceparent, kind="server",
+                                   attributes=attributes)

@@ -181,12 +181,12 @@ def test_stream_with_usage(service, engine, bundled_spec):
 
 
 def test_stream_without_usage_matches_complete(service, engine, bundled_spec):
-    p = payload(bundled_spec, max_tokens=10, stream=True)
+    p = payload(bundled_spec, max_tokens=10, stream=True, cache_prompt=False)
     chunks = run(engine, collect(service.stream(p)))
     with_choice = _check_chunks(chunks, include_usage=False, model=bundled_spec.id)
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in with_choice)
-    body = run(engine, service.complete(payload(bundled_spec, max_tokens=10)))
-    assert text == body["choices"][0]["message"]["content"]  # greedy: same text either way
+    body = run(engine, service.complete(payload(bundled_spec, max_tokens=10, cache_prompt=False)))
+    assert text == body["choices"][0]["message"]["content"]  # greedy, whole prefills: same text either way
 
 
 def test_stream_include_usage_false(service, engine, bundled_spec):
@@ -196,9 +196,11 @@ def test_stream_include_usage_false(service, engine, bundled_spec):
 
 
 def test_stream_stop_finish_reason(service, engine, bundled_spec):
-    full = run(engine, service.complete(payload(bundled_spec, max_tokens=16)))["choices"][0]["message"]["content"]
+    full = run(engine, service.complete(payload(bundled_spec, max_tokens=16, cache_prompt=False)))
+    full = full["choices"][0]["message"]["content"]
     stop = full[len(full) // 2: len(full) // 2 + 2]
-    p = payload(bundled_spec, max_tokens=16, stop=[stop], stream=True, stream_options={"include_usage": True})
+    p = payload(bundled_spec, max_tokens=16, stop=[stop], stream=True, stream_options={"include_usage": True},
+                cache_prompt=False)
     chunks = run(engine, collect(service.stream(p)))
     with_choice = _check_chunks(chunks, include_usage=True, model=bundled_spec.id)
     assert with_choice[-1]["choices"][0]["finish_reason"] == "stop"

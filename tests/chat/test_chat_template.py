@@ -78,12 +78,15 @@ def test_raise_exception_becomes_400():
     "{{ messages.__class__.__base__.__subclasses__() }}",
     "{{ messages.append('x') }}",  # immutable sandbox: no mutation of the data either
 ])
-def test_sandbox_escape_is_a_400(src):
+def test_sandbox_escape_is_a_500_that_names_no_internals(src, caplog):
+    # The template is the server's (client text is data, never template source): a template that tries
+    # an unsafe operation is a server-side bug, logged with Jinja's words, which the client never sees.
     with pytest.raises(APIError) as info:
         render_prompt(src, [{"role": "user", "content": "x"}])
-    assert info.value.status == 400
-    assert info.value.param == "messages"
-    assert "unsafe" in info.value.message
+    assert info.value.status == 500 and info.value.code == "chat_template_error" and info.value.logged
+    assert "__" not in info.value.message and "unsafe" not in info.value.message
+    assert any("unsafe" in repr(r.exc_info[1]) or "immutable" in repr(r.exc_info[1]).lower()
+               for r in caplog.records if r.exc_info)
 
 
 @pytest.mark.parametrize("src", [
@@ -95,7 +98,7 @@ def test_sandbox_escape_never_executes(tmp_path, src):
     marker = tmp_path / "pwned"
     with pytest.raises(APIError) as info:
         render_prompt(src.replace("MARKER", str(marker)), [{"role": "user", "content": "x"}])
-    assert info.value.status == 400
+    assert info.value.status == 500
     assert not marker.exists()
 
 
@@ -147,6 +150,7 @@ def test_template_bug_is_a_500():
         render_prompt("{{ missing.attr }}", [{"role": "user", "content": "x"}])
     assert info.value.status == 500
     assert info.value.code == "chat_template_error"
+    assert "missing" not in info.value.message and "undefined" not in info.value.message  # Jinja's words: logged
 
 
 def test_check_template_syntax_error():

@@ -372,3 +372,19 @@ def test_detokenize(spec):
     svc = TokenService([spec], FakeTokens())
     body = asyncio.run(svc.detokenize(parse_request(DetokenizeRequest, {"model": MODEL, "tokens": [0, 1, 2]})))
     assert body == {"prompt": "abc"}
+
+
+def test_the_logprob_budget_is_shared_over_the_prompts(spec, model):
+    svc = CompletionService([spec], model.open_stream, limits=Limits(max_logprob_entries=1000))
+    asyncio.run(svc.complete(request(prompt=["a", "b", "c", "d"], echo=True, logprobs=2, max_tokens=0)))
+    assert [g.max_logprob_entries for g in model.opened] == [250] * 4
+    model.opened.clear()
+    asyncio.run(svc.complete(request(max_tokens=2)))
+    assert [g.max_logprob_entries for g in model.opened] == [1000]
+
+
+def test_chat_planning_gives_the_generation_the_whole_budget(spec):
+    fmt = resolve_reply_format(spec.chat_template, spec.reasoning_parser, spec.tool_parser)
+    req = parse_chat_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                              "top_logprobs": 3})
+    assert plan_request(req, spec, fmt, Limits(max_logprob_entries=777)).gen.max_logprob_entries == 777

@@ -6,19 +6,21 @@ from __future__ import annotations
 from app.chat_template import render_prompt
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
-from tests.support.events import EventBox
+from tests.support.events import EventBox, assert_same_distribution
 
 
-def _submit(eng, rid, prompt, max_tokens, **sampling) -> EventBox:
+def _submit(eng, rid, prompt, max_tokens, cache_prompt=True, logprobs=None, **sampling) -> EventBox:
     box = EventBox()
     eng.submit(eng.prepare(GenerationRequest(request_id=rid, prompt=prompt, max_tokens=max_tokens,
-                                             sampling=SamplingParams(**(sampling or {"temperature": 0}))), box))
+                                             sampling=SamplingParams(**(sampling or {"temperature": 0})),
+                                             cache_prompt=cache_prompt, logprobs=logprobs), box))
     return box
 
 
 def test_seeded_request_repeats_alone_after_batched_load(engine, bundled_spec):
     prompt = render_prompt(bundled_spec.chat_template, [{"role": "user", "content": "Describe a forest."}])
-    seeded = dict(temperature=0.9, top_k=40, top_p=0.95, seed=77)
+    # cache_prompt false: each decodes its whole prompt alone, in batches of the same shapes
+    seeded = dict(temperature=0.9, top_k=40, top_p=0.95, seed=77, cache_prompt=False)
     first = _submit(engine, "alone-1", prompt, 24, **seeded)
     assert first.wait(60)
     load = [_submit(engine, f"load-{i}", render_prompt(bundled_spec.chat_template, [
@@ -44,21 +46,22 @@ def test_shared_system_prompt_is_copied_from_a_busy_slot(bundled_spec):
         box_a = _submit(eng, "a", a, 200)
         while not any(isinstance(ev, Text) for ev in box_a.events):  # A is decoding: its slot is busy
             box_a.wait(0.01)
-        box_b = _submit(eng, "b", b, 8)
+        box_b = _submit(eng, "b", b, 8, logprobs=5)
         assert box_b.wait(60)
         assert box_b.started.cached_tokens == shared > 16
         assert isinstance(box_b.last, Finished) and box_b.last.completion_tokens >= 1
-        text_b = box_b.text
+        copied = box_b.logprobs[0]
         eng.cancel("a")
         box_a.wait(10)
     finally:
         eng.close()
-    # The same request on a fresh engine (no reuse) gives the same greedy text.
+    # The same request on a fresh engine (no reuse): the copied KV gave the first token the distribution a
+    # whole prefill gives it.
     fresh = LlamaEngine(bundled_spec).start()
     try:
-        box = _submit(fresh, "b2", b, 8)
+        box = _submit(fresh, "b2", b, 8, logprobs=5)
         assert box.wait(60)
         assert box.started.cached_tokens == 0
-        assert box.text == text_b
+        assert_same_distribution(copied, box.logprobs[0])
     finally:
         fresh.close()

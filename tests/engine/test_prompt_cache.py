@@ -31,41 +31,41 @@ def test_shared_prefix():
 
 def test_best_entry_is_the_longest_shared_prefix():
     cache = PromptCache(max_bytes=1000, min_tokens=4)
-    cache.put(tokens((0, 40), (100, 10)), "A", 10)
-    cache.put(tokens((0, 40), (200, 10)), "B", 10)
-    entry, n = cache.best(tokens((0, 40), (200, 5), (900, 3)))
+    cache.put(tokens((0, 40), (100, 10)), "A", 10, "")
+    cache.put(tokens((0, 40), (200, 10)), "B", 10, "")
+    entry, n = cache.best(tokens((0, 40), (200, 5), (900, 3)), "")
     assert entry.state == "B" and n == 45
-    assert cache.best(tokens((500, 10))) == (None, 0)
+    assert cache.best(tokens((500, 10)), "") == (None, 0)
 
 
 def test_short_or_covered_runs_are_not_kept():
     cache = PromptCache(max_bytes=1000, min_tokens=32)
-    assert not cache.worth_keeping(tokens((0, 31)))
-    assert cache.worth_keeping(tokens((0, 60)))
-    cache.put(tokens((0, 60)), "A", 10)
-    assert not cache.worth_keeping(tokens((0, 50)))  # an entry holds these and more
-    assert cache.worth_keeping(tokens((0, 50), (300, 20)))
-    assert not PromptCache(max_bytes=0).worth_keeping(tokens((0, 60)))
+    assert not cache.worth_keeping(tokens((0, 31)), "")
+    assert cache.worth_keeping(tokens((0, 60)), "")
+    cache.put(tokens((0, 60)), "A", 10, "")
+    assert not cache.worth_keeping(tokens((0, 50)), "")  # an entry holds these and more
+    assert cache.worth_keeping(tokens((0, 50), (300, 20)), "")
+    assert not PromptCache(max_bytes=0).worth_keeping(tokens((0, 60)), "")
 
 
 def test_a_longer_run_replaces_the_entry_it_extends():
     cache = PromptCache(max_bytes=1000, min_tokens=4)
-    cache.put(tokens((0, 40)), "short", 10)
-    cache.put(tokens((0, 80)), "long", 30)
+    cache.put(tokens((0, 40)), "short", 10, "")
+    cache.put(tokens((0, 80)), "long", 30, "")
     assert len(cache) == 1 and cache.bytes == 30
-    assert cache.best(tokens((0, 40)))[0].state == "long"
+    assert cache.best(tokens((0, 40)), "")[0].state == "long"
 
 
 def test_bounded_by_bytes_least_recently_used_out():
     cache = PromptCache(max_bytes=100, min_tokens=4)
-    cache.put(tokens((1000, 10)), "A", 40)
-    cache.put(tokens((2000, 10)), "B", 40)
-    cache.best(tokens((1000, 10)))  # A used: B is now the oldest
-    cache.put(tokens((3000, 10)), "C", 40)
+    cache.put(tokens((1000, 10)), "A", 40, "")
+    cache.put(tokens((2000, 10)), "B", 40, "")
+    cache.best(tokens((1000, 10)), "")  # A used: B is now the oldest
+    cache.put(tokens((3000, 10)), "C", 40, "")
     assert cache.bytes == 80 and len(cache) == 2
-    assert cache.best(tokens((2000, 10))) == (None, 0)
-    assert cache.best(tokens((1000, 10)))[0].state == "A"
-    cache.put(tokens((4000, 10)), "too big", 101)  # larger than the whole cache: not stored
+    assert cache.best(tokens((2000, 10)), "") == (None, 0)
+    assert cache.best(tokens((1000, 10)), "")[0].state == "A"
+    cache.put(tokens((4000, 10)), "too big", 101, "")  # larger than the whole cache: not stored
     assert cache.bytes == 80
 
 

@@ -28,7 +28,7 @@ def place(engine, holds: list[list[int]], busy: set[int], prompt: list[int]) -> 
         slot.tokens = list(tokens)
         slot.state = SlotState.GENERATING if slot.index in busy else SlotState.IDLE
     try:
-        return engine._place(prompt)[0].index
+        return engine._place(prompt, "")[0].index
     finally:
         for slot in engine._slots:
             slot.tokens, slot.state = [], SlotState.IDLE

@@ -353,3 +353,33 @@ def test_get_model_with_slash_in_id(client):
 
 def test_get_unknown_model_404(client):
     assert_error(client.get("/v1/models/nope"), 404, code="model_not_found", param="model")
+
+
+def test_every_5xx_is_logged_once_with_its_cause(client, backend, caplog):
+    import logging
+    import pickle
+
+    caplog.set_level(logging.WARNING, logger="llamaray.server")
+    backend.complete_result = APIError("busy", status=503, type="server_error", code="overloaded")
+    client.post(URL, json=BODY)
+    backend.complete_result = RuntimeError("secret internal detail")
+    client.post(URL, json=BODY)
+    backend.complete_result = pickle.loads(pickle.dumps(APIError("decode failed", status=500, code="internal_error",
+                                                                  logged=True)))  # logged where it was made
+    client.post(URL, json=BODY)
+    backend.complete_result = invalid_request("bad")  # a 4xx: the client's, not the server's
+    client.post(URL, json=BODY)
+    records = [r for r in caplog.records if r.name == "llamaray.server"]
+    assert [r.levelname for r in records] == ["WARNING", "ERROR"]
+    assert "503 overloaded: busy" in records[0].getMessage()
+    assert records[1].exc_info and "secret internal detail" in repr(records[1].exc_info[1])
+
+
+def test_a_5xx_ending_a_stream_is_logged_too(client, backend, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="llamaray.server")
+    backend.fail_at = 2
+    backend.fail_with = APIError("engine stopped", status=503, type="server_error", code="engine_unavailable")
+    client.post(URL, json={**BODY, "stream": True})
+    assert any("503 engine_unavailable" in r.getMessage() for r in caplog.records)

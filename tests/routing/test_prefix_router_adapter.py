@@ -37,8 +37,8 @@ def pending(arg, n: int = 0) -> PendingRequest:
     return PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata(request_id=str(n), internal_request_id=str(n)))
 
 
-def gen(prompt: str) -> PendingRequest:
-    return pending(GenerationRequest(request_id="r", prompt=prompt))
+def gen(prompt: str, scope: str = "") -> PendingRequest:
+    return pending(GenerationRequest(request_id="r", prompt=prompt, cache_scope=scope))
 
 
 def names(ranks) -> list[list[str]]:
@@ -59,7 +59,8 @@ async def new_router(*replicas: StandIn, **kwargs) -> PrefixAffinityRouter:
 
 def test_prompt_is_read_from_the_generation_request_only():
     async def run():  # a PendingRequest makes its future on the running loop
-        assert prompt_of(gen("hello")) == "hello"
+        assert prompt_of(gen("hello")) == ("hello", "")
+        assert prompt_of(gen("hello", "key-1")) == ("hello", "key-1")
         assert prompt_of(pending("just text to tokenize")) is None
         assert prompt_of(None) is None
 
@@ -116,6 +117,18 @@ def test_unknown_router_kwargs_are_ignored_not_fatal():
     async def run():
         router = await new_router(StandIn("a"), min_match_chars=512, threshold=3)
         assert router.prefix.min_match_chars == 512
+
+    asyncio.run(run())
+
+
+def test_a_scope_goes_by_its_own_records_only():
+    async def run():
+        a, b = StandIn("a", ongoing=1), StandIn("b", ongoing=0)
+        router = await new_router(a, b, min_match_chars=128)
+        router.on_request_routed(gen(SYSTEM, "key-1"), a.replica_id, None)
+        assert names(await router.choose_replicas([a, b], gen(SYSTEM + " more", "key-1"))) == [["a"], ["b"]]
+        # another scope knows nothing of key-1's prefix: the less loaded replica
+        assert names(await router.choose_replicas([a, b], gen(SYSTEM + " more", "key-2"))) == [["b"], ["a"]]
 
     asyncio.run(run())
 

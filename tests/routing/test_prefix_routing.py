@@ -189,3 +189,15 @@ def test_no_replica_is_an_error():
 def test_max_chars_for_a_replica_is_what_its_slots_hold():
     assert max_chars_for(n_seq_max=4, n_ctx=4096) == 4 * 4096 * 4
     assert PrefixRouter(max_chars=max_chars_for(4, 4096), block_chars=64).max_blocks == 1024
+
+
+def test_scopes_never_match_each_other():
+    r = router(min_match_chars=128)
+    r.sync(["a", "b"])
+    r.record(conversation(2, "alice"), "a", scope="key-1")
+    assert r.matched_chars(conversation(3, "alice"), "a", scope="key-1") >= len(conversation(2, "alice")) - 64
+    assert r.matched_chars(conversation(3, "alice"), "a", scope="key-2") == 0
+    assert r.matched_chars(conversation(3, "alice"), "a") == 0
+    assert r.choose(conversation(3, "alice"), idle("a", "b"), scope="key-1").reason == "prefix"
+    assert r.choose(conversation(3, "alice"), idle("a", "b"), scope="key-2").reason == "load"
+    assert block_hashes("x" * 128, 64, "s") != block_hashes("x" * 128, 64, "t")

@@ -198,10 +198,14 @@ class ServeCluster:
                     os.environ[k] = v
 
 
+QWEN25_TEMPLATE = (ROOT / "tests" / "data" / "templates" / "Qwen2.5-7B-Instruct.jinja").read_text()
+
+
 def standard_config(shape: str) -> dict[str, Any]:
     """The shared test graph of one shape: `single` as `make run` serves it, `graph` as a cluster does
-    (Ingress, ChatProcessor, a LlamaModel deployment per model), each with two model entries of the
-    bundled GGUF (the second read with the `think` reasoning parser) and API keys required."""
+    (Ingress, ChatProcessor, a LlamaModel deployment per model), with API keys required and two model
+    entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
+    itself) with replies read by the `think` reasoning parser."""
     overlays: list[Any] = ["configs/local-cpu.yaml"]
     if shape == "graph":
         overlays.append("configs/local-graph.yaml")
@@ -211,7 +215,7 @@ def standard_config(shape: str) -> dict[str, Any]:
             # smaller context so a too-long prompt is cheap to build
             {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4},
             {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
-             "n_gpu_layers": 0, "reasoning_parser": "think"},
+             "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE},
         ], "auth": {"required": True}},
     }]})
 
