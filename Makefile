@@ -12,7 +12,7 @@ LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
-.PHONY: run test test-fast test-slow install config clean bench bench-router loadtest gpu-check
+.PHONY: run test test-fast test-slow install config clean bench bench-router bench-graph loadtest gpu-check
 
 # The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
 # llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
@@ -48,10 +48,11 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q
 
 # llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
-# threads and llama.cpp version (python -m bench --help): llamaray and llama-server side by side,
-# taking turns level by level (the idle one paused) over four rounds, so the machine's drifting speed
-# favours neither; llama-cpp-python alone once; then the router comparison (bench-router below).
-# Takes ~25 minutes and loads every core;
+# threads and llama.cpp version (python -m bench --help): llamaray in make run's shape, llamaray as the
+# three-deployment graph and llama-server side by side, taking turns level by level (the idle ones
+# paused) over four rounds, so the machine's drifting speed favours none; llama-cpp-python alone once;
+# then the router comparison (bench-router below) and the graph at GPU speed (bench-graph below).
+# Takes ~45 minutes and loads every core;
 # the first run also downloads the llama-cpp-python sdist and builds llama-server once (cached in
 # build/llama-server/). Prints a table; writes bench-results/bench.json and bench-results/bench.png.
 bench: $(STAMP)
@@ -59,12 +60,20 @@ bench: $(STAMP)
 		|| $(PY) -m pip install -e '.[test,bench]'
 	$(PY) -m bench --rounds 4
 	$(PY) -m bench.router
+	$(PY) -m bench.graph
 
 # The prefix-aware request router vs Serve's default on a multi-turn chat workload over two model
 # replicas on logical GPUs (python -m bench.router --help; ~6 minutes, part of `make bench`).
 # Writes bench-results/router.json.
 bench-router: $(STAMP)
 	$(PY) -m bench.router
+
+# The graph at GPU speed: Ingress -> ChatProcessor -> a synthetic model producing tokens at the H200's
+# measured rates (no model, no GPU), 64/128/256 streams, 1 then 2 replicas of each CPU tier; what the
+# clients get, what the engine made, and the CPU seconds of each tier per 1,000 tokens: the sizing rule
+# (python -m bench.graph --help; ~8 minutes, part of `make bench`). Writes bench-results/graph.json.
+bench-graph: $(STAMP)
+	$(PY) -m bench.graph
 
 # On a GPU node: build llama.cpp with CUDA for this GPU (build/gpu/, once), check it offloads, load the
 # bundled model on the GPU, serve it through the graph, and benchmark against llama-server built from

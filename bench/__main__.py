@@ -1,11 +1,14 @@
 """python -m bench: llamaray against llama.cpp's llama-server and llama-cpp-python's server.
 
-Same bundled model, same thread count, same llama.cpp version (llama-server is built from the
-llama.cpp vendored in the installed llama-cpp-python's sdist). Each level is loadtools.loadgen's
-closed loop at one concurrency (one warm-up request first).
+llamaray runs in two shapes: `llamaray`, as `make run` serves it (one Ingress replica renders, parses and
+runs the engine: no Ray hop per streamed item), and `llamaray-graph`, the cluster's three deployments
+(Ingress -> ChatProcessor -> LlamaModel, configs/local-graph.yaml: two Ray hops per streamed item) on the
+same machine, threads and slots. Same bundled model, same thread count, same llama.cpp version
+(llama-server is built from the llama.cpp vendored in the installed llama-cpp-python's sdist). Each level
+is loadtools.loadgen's closed loop at one concurrency (one warm-up request first).
 
-The servers compared with the targets (`--interleave`, default llamaray and llama-server) run side by
-side and take turns level by level: while one is measured, every process of the other (Ray's
+The servers compared with the targets (`--interleave`, default llamaray, llamaray-graph and llama-server)
+run side by side and take turns level by level: while one is measured, every process of the others (Ray's
 included) is stopped (SIGSTOP), so it takes no CPU, and each level of one server runs within a minute
 of the same level of the other. This machine's speed moves by 10% and more over minutes; a server
 measured minutes after the other could win or lose by that alone. Every round starts the servers
@@ -60,12 +63,14 @@ def requests_for(concurrency: int, fixed: int | None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--servers", default="llamaray,llama-server,llama-cpp-python", type=comma_names(SERVERS),
-                   help="comma-separated, from: " + ", ".join(SERVERS))
+    p.add_argument("--servers", default="llamaray,llamaray-graph,llama-server,llama-cpp-python",
+                   type=comma_names(SERVERS),
+                   help="comma-separated, from: " + ", ".join(SERVERS) + " (llamaray: `make run`'s shape, one "
+                        "Ingress replica running everything; llamaray-graph: the cluster's three deployments)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated closed-loop levels")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per level (default: max(24, 3 * concurrency))")
-    p.add_argument("--interleave", default="llamaray,llama-server",
+    p.add_argument("--interleave", default="llamaray,llamaray-graph,llama-server",
                    help="servers (of --servers) that run side by side and take turns level by level, the "
                         "idle ones stopped; '' runs every server alone")
     p.add_argument("--rounds", type=int, default=1,
@@ -292,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     # rows in --servers order, then by concurrency (interleaved levels run in either order)
     table = report.rows(sorted(pool_rounds(levels), key=lambda lv: (ns.servers.index(lv["server"]),
                                                                       lv["concurrency"])))
-    ratio_rows = report.ratios(table)
+    # make run's shape against every peer; the graph against the peers other than make run's shape
+    ratio_rows = report.ratios(table) + report.ratios(table, ours="llamaray-graph", skip=("llamaray",))
     text = report.format_table(table, ratio_rows, failures)
     print(text, flush=True)
     json_path, png_path = out / "bench.json", out / "bench.png"

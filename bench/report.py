@@ -46,12 +46,13 @@ def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def ratios(table: list[dict[str, Any]], ours: str = "llamaray") -> list[dict[str, Any]]:
-    """llamaray / peer for tokens/s (> 1: llamaray faster) and TTFT p50 (< 1: llamaray faster)."""
+def ratios(table: list[dict[str, Any]], ours: str = "llamaray", skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """`ours` / peer for tokens/s (> 1: ours faster) and TTFT p50 (< 1: ours faster), for every peer but
+    those in `skip`."""
     by_key = {(r["server"], r["concurrency"]): r for r in table}
     out = []
     for r in table:
-        if r["server"] == ours:
+        if r["server"] == ours or r["server"] in skip:
             continue
         mine = by_key.get((ours, r["concurrency"]))
         if mine is None:
@@ -65,7 +66,7 @@ def ratios(table: list[dict[str, Any]], ours: str = "llamaray") -> list[dict[str
         ours_k, theirs_k = mine.get("tokens_per_s_rounds") or [], r.get("tokens_per_s_rounds") or []
         per_round = ([a / b if b else None for a, b in zip(ours_k, theirs_k)]
                      if len(ours_k) == len(theirs_k) > 1 else None)
-        out.append({"peer": r["server"], "concurrency": r["concurrency"],
+        out.append({"ours": ours, "peer": r["server"], "concurrency": r["concurrency"],
                     "tokens_per_s": ratio("tokens_per_s"), "ttft_p50": ratio("ttft_p50_ms"),
                     "tokens_per_s_rounds": per_round})
     return out
@@ -94,9 +95,11 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
         lines += ["", "tok/s of each round (the rows pool the rounds)"]
         lines += [f"  {r['server']:<17} c={r['concurrency']:<3} "
                   + " / ".join(f"{v:.1f}" for v in r["tokens_per_s_rounds"]) for r in by_round]
-    if ratio_rows:
-        lines += ["", "llamaray / peer (tok/s: > 1 is llamaray faster; TTFT p50: < 1 is llamaray faster)"]
+    for ours in dict.fromkeys(x.get("ours", "llamaray") for x in ratio_rows):
+        lines += ["", f"{ours} / peer (tok/s: > 1 is {ours} faster; TTFT p50: < 1 is {ours} faster)"]
         for x in ratio_rows:
+            if x.get("ours", "llamaray") != ours:
+                continue
             rounds = x.get("tokens_per_s_rounds")
             each = f" (rounds {' / '.join(_fmt(v, '.2f') for v in rounds)})" if rounds else ""
             lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{_fmt(x['tokens_per_s'], '.2f')}"
@@ -124,7 +127,7 @@ def target_checks(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
     """(met, description) for each target this run can check: a regression check, not a test."""
     out = []
     for x in ratio_rows:
-        if x["peer"] != peer:
+        if x["peer"] != peer or x.get("ours", "llamaray") != ours:
             continue
         c = x["concurrency"]
         if c in TOKENS_RATIO and x["tokens_per_s"] is not None:

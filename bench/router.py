@@ -35,7 +35,7 @@ import yaml
 from app.ray_env import LOCAL_RAY_ENV
 from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
-from .servers import ROOT, VENV_BIN, CpuMeter, LlamarayServer, comma_names, log, start_run, wait_until_quiet
+from .servers import ROOT, CpuMeter, ServeDriverServer, comma_names, log, start_run, wait_until_quiet
 
 ROUTERS = {"load": "Serve's default (power of two choices)", "prefix": "prefix-aware (deployments/prefix_router.py)"}
 GOAL_HIT_RATIO = 0.8
@@ -43,7 +43,7 @@ GOAL_TTFT_CUT = 0.30   # the prefix router's TTFT p50 at least this much below t
 SEED_BASE = 5000
 
 
-class RouterBenchServer(LlamarayServer):
+class RouterBenchServer(ServeDriverServer):
     """llamaray with two model replicas on logical GPUs and the model's `routing` set to `routing`."""
 
     start_timeout_s = 300.0
@@ -63,34 +63,8 @@ class RouterBenchServer(LlamarayServer):
         self.config_file = f"serve_bench_router_{self.routing}.yaml"
         super().prepare()
 
-    def command(self) -> list[str]:
-        return [VENV_BIN / "python", "-m", "bench.serve_driver", self.config_path, "--num-gpus", "2",
-                "--num-cpus", "4"]
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env.update(LOCAL_RAY_ENV)  # Serve's settings for one machine; the driver keeps Serve's proxy on the port
-        # Ray's workers import app/ and deployments/ from this checkout (an editable install may point
-        # at another one).
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        return env
-
-    def wait_healthy(self) -> None:
-        """READY from the driver (every replica up), then /health."""
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
-            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-            if "NOT READY" in text or "DEPLOY FAILED" in text:
-                raise RuntimeError(f"{self.name} did not start; log {self.log_path}:\n{self.log_tail()}")
-            if "\nREADY " in text or text.startswith("READY "):
-                break
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"{self.name} not ready after {self.start_timeout_s:.0f} s")
-        super().wait_healthy()
+    def ray_env(self) -> dict[str, str]:
+        return dict(LOCAL_RAY_ENV)  # Serve's settings for one machine; the driver keeps Serve's proxy on the port
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,7 +2,8 @@
 and the serve config deployed on it, as `serve run` would, but declaring GPUs a CPU-only machine does
 not have (model replicas that reserve `num_gpus: 1` are then placed one per logical GPU) and saying
 when every replica is up: it prints READY once Serve reports the application RUNNING with each
-deployment at its target replica count. SIGINT or SIGTERM shuts Serve and Ray down.
+deployment at its target replica count (after a line `GCS <address>`: where another driver connects).
+SIGINT or SIGTERM shuts Serve and Ray down.
 
 Used by `python -m bench.router`, which gives it its own RAY_TMPDIR (see bench/servers.py).
 """
@@ -34,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     from ray.serve.config import ProxyLocation
     from ray.serve.schema import ServeDeploySchema
 
-    ray.init(num_cpus=ns.num_cpus, num_gpus=ns.num_gpus, include_dashboard=False, namespace="serve")
+    context = ray.init(num_cpus=ns.num_cpus, num_gpus=ns.num_gpus, include_dashboard=False, namespace="serve")
+    # Where another driver finds this cluster (`address="auto"` could pick another one on the machine).
+    print(f"GCS {context.address_info['gcs_address']}", flush=True)
     try:
         http = config.pop("http_options", {}) or {}
         client = serve_api.serve_start(http_options={"host": http.get("host", "127.0.0.1"),

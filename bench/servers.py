@@ -346,13 +346,18 @@ class LlamarayServer(Server):
     start_timeout_s = 300.0
     overlays = ("configs/local-cpu.yaml", "configs/bench.yaml")
     config_file = "serve_bench.yaml"   # the rendered config, under build/
+    http_port: int | None = None       # instead of the config's, for servers that run side by side
 
     def prepare(self) -> None:
         self.config_path = ROOT / "build" / self.config_file
         _run_cli([VENV_BIN / "llamaray", "render-config", "serve_config.yaml",
                   *[a for o in self.overlays for a in ("--overlay", o)], "-o", self.config_path])
-        _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
         config = yaml.safe_load(self.config_path.read_text())
+        if self.http_port is not None:
+            config.setdefault("http_options", {})["port"] = self.http_port
+            self.config_path.write_text(self.config_path.read_text().split("\n", 1)[0] + "\n"
+                                        + yaml.safe_dump(config, sort_keys=False))
+        _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
         self.port = http_endpoint(config)[1]
         self.model = config["applications"][0]["args"]["models"][0]["id"]
         state = port_state("127.0.0.1", self.port)  # fail early and clearly if the port is taken
@@ -390,6 +395,60 @@ class LlamarayServer(Server):
                     log(f"killed {left} Ray processes left by serve run")
                 shutil.rmtree(self.ray_tmp, ignore_errors=True)
             super().stop()
+
+
+class LlamarayGraphServer(LlamarayServer):
+    """`make run`'s command on the cluster's shape: the same overlays plus configs/local-graph.yaml, so the
+    Ingress, the ChatProcessor and the model are deployments of their own (two Ray hops per streamed
+    item) on the same machine, threads and slots. On a port of its own, so it can run beside `llamaray`."""
+
+    name = "llamaray-graph"
+    overlays = ("configs/local-cpu.yaml", "configs/local-graph.yaml", "configs/bench.yaml")
+    config_file = "serve_bench_graph_shape.yaml"
+    http_port = 8475
+
+
+class ServeDriverServer(LlamarayServer):
+    """llamaray on a Ray head of its own with logical GPUs (bench/serve_driver.py: `--num-gpus`,
+    `--num-cpus`), Ray Serve's settings from `ray_env()`; started once the driver says every replica is
+    up (READY), then /health answers."""
+
+    num_gpus = 2
+    num_cpus = 4
+    gcs_address: str | None = None   # the cluster's, once started (for a driver of the bench's own)
+
+    def command(self) -> list[str]:
+        return [VENV_BIN / "python", "-m", "bench.serve_driver", self.config_path, "--num-gpus", self.num_gpus,
+                "--num-cpus", self.num_cpus]
+
+    def ray_env(self) -> dict[str, str]:
+        return {}
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env.update(self.ray_env())
+        # Ray's workers import app/ and deployments/ from this checkout (an editable install may point
+        # at another one).
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            if "NOT READY" in text or "DEPLOY FAILED" in text:
+                raise RuntimeError(f"{self.name} did not start; log {self.log_path}:\n{self.log_tail()}")
+            if "\nREADY " in text or text.startswith("READY "):
+                self.gcs_address = next((line.split()[1] for line in text.splitlines() if line.startswith("GCS ")),
+                                        None)
+                break
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"{self.name} not ready after {self.start_timeout_s:.0f} s")
+        super().wait_healthy()
 
 
 def _interruptible() -> None:
@@ -448,6 +507,7 @@ def _is_zombie(pid: int) -> bool:
 
 SERVERS = {
     "llamaray": LlamarayServer,
+    "llamaray-graph": LlamarayGraphServer,
     "llama-server": LlamaServer,
     "llama-cpp-python": LlamaCppPythonServer,
 }

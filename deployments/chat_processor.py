@@ -19,6 +19,7 @@ from app.serving.processing import APIRequest, Processor
 from app.serving.traced import traced_models
 
 from .errors import call_mapped
+from .handles import by_value
 from .metrics import RayRequestObserver
 from .models import RemoteModels
 from .relay import relay
@@ -55,8 +56,8 @@ class RemoteProcessing:
     first and may refuse a request at once (a model no node can hold)."""
 
     def __init__(self, handle: DeploymentHandle, admit: Callable[[str], None]) -> None:
-        self.handle = handle
-        self.streaming = handle.options(stream=True)
+        self.handle = by_value(handle)
+        self.streaming = by_value(handle, stream=True)
         self.admit = admit
 
     async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from app.engine.events import Event
 from app.engine.params import GenerationRequest
 
 from .errors import call_mapped, to_api_error
+from .handles import by_value
 from .model_host import ModelHost
 from .relay import relay
 
@@ -48,8 +49,8 @@ class RemoteModels:
     """Models in LlamaModel deployments of their own, over their handles (one Ray hop per streamed item)."""
 
     def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
-        self.handles = handles
-        self.streams = {mid: h.options(stream=True) for mid, h in handles.items()}
+        self.handles = {mid: by_value(h) for mid, h in handles.items()}
+        self.streams = {mid: by_value(h, stream=True) for mid, h in handles.items()}
 
     def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         return relay(lambda: self.streams[model_id].generate.remote(request))

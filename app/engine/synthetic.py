@@ -175,9 +175,16 @@ class SyntheticEngine:
 
     # -- the clock ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        # When the last step's tokens came out; None after an idle wait. A step's measured duration
+        # includes the host's share of it (on the GPU it was measured on too), so the work between two
+        # steps here (making and publishing the events, admitting) is slept less, not on top: the clock
+        # keeps the measured rate unless that work alone takes longer than a step.
+        last_out: float | None = None
         try:
             while True:
                 with self._cv:
+                    if not (self._closing or self._waiting or self._running):
+                        last_out = None
                     while not (self._closing or self._waiting or self._running):
                         self._cv.wait()
                     if self._closing:
@@ -185,14 +192,16 @@ class SyntheticEngine:
                     cancelled, self._cancelled = self._cancelled, set()
                     admitted = self._admit()
                 self._running = [g for g in self._running if g.req.request_id not in cancelled]
-                started = time.perf_counter()
+                started = last_out if last_out is not None else time.perf_counter()
                 decoding = [g for g in self._running if not g.prefill_left]
                 prefill = sum(g.prefill_left for g in admitted)
-                time.sleep(prefill / self.rates.prefill_tokens_per_s + (self.rates.step_s(len(decoding))
-                                                                         if decoding else 0.0))
+                duration = prefill / self.rates.prefill_tokens_per_s + (self.rates.step_s(len(decoding))
+                                                                         if decoding else 0.0)
+                time.sleep(max(0.0, started + duration - time.perf_counter()))
+                last_out = time.perf_counter()
                 self._publish(self._step(admitted, decoding))
                 self.steps += 1
-                elapsed = time.perf_counter() - started
+                elapsed = last_out - started
                 self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
         except BaseException as exc:  # noqa: BLE001 - report, never vanish
             log.exception("synthetic engine thread died")

@@ -4,6 +4,7 @@ its step times interpolated from measured figures, and the requests it cannot ho
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -81,3 +82,47 @@ def test_tokenizer_round_trips_any_text(engine):
     assert engine.detokenize(engine.tokenize(text, add_special=False)) == text
     with pytest.raises(APIError):
         engine.detokenize([10**6])
+
+
+class FakeClock:
+    """time.perf_counter and time.sleep of the synthetic engine's module, in a time that only sleeping and
+    `work` move: the test asserts on the clock's arithmetic, not on this machine's timing."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
+def test_the_work_between_steps_is_part_of_a_step_not_added_to_it(monkeypatch):
+    """A step lasts its measured duration with the host's work (making and publishing events) in it, as on
+    the GPU it was measured on: 4 ms of work per 5 ms step keeps 5 ms a step; 7 ms of work stretches it."""
+    from app.engine import synthetic
+
+    clock = FakeClock()
+    monkeypatch.setattr(synthetic, "time", clock)
+    spec = resolve_model(ModelConfig(id="syn", engine="synthetic", n_ctx=512, n_seq_max=2, stream_interval_ms=0,
+                                     synthetic=SyntheticSettings(prefill_tokens_per_s=1e12, step_ms=[(1, 5.0)])))
+    for work_s, step_s in ((0.004, 0.005), (0.007, 0.007)):
+        done = threading.Event()
+        outputs: list[float] = []
+
+        def publish(items, work_s=work_s, outputs=outputs, done=done):
+            outputs.append(clock.now)
+            clock.sleep(work_s)   # the host's share of the step
+            if any(isinstance(ev, Finished) for _, ev in items):
+                done.set()
+
+        eng = SyntheticEngine(spec, SyntheticRates(*spec.synthetic), publish).start()
+        try:
+            eng.submit(eng.prepare(GenerationRequest("w", "x", max_tokens=20), lambda ev: None))
+            assert done.wait(timeout=30)
+        finally:
+            eng.close()
+        decoded = outputs[1:21]   # the first step admits; 20 decode steps follow (then close publishes nothing)
+        steps = [b - a for a, b in zip(decoded, decoded[1:])]
+        assert steps == pytest.approx([step_s] * 19)

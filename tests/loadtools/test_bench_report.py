@@ -27,3 +27,18 @@ def test_targets_met_and_missed():
     }
     text = report.format_table(table, report.ratios(table))
     assert "FAIL c=16 tok/s x0.94" in text and "ok   c=1 tok/s x0.90" in text and "gap p99 ms" in text
+
+
+def test_the_graph_shape_is_compared_with_the_peers_in_a_block_of_its_own_and_has_no_targets():
+    table = [row("llamaray", 16, 150, 400, 120), row("llamaray-graph", 16, 120, 500, 200),
+             row("llama-server", 16, 160, 400, 40)]
+    ratio_rows = report.ratios(table) + report.ratios(table, ours="llamaray-graph", skip=("llamaray",))
+    pairs = [(x["ours"], x["peer"]) for x in ratio_rows]
+    assert pairs == [("llamaray", "llamaray-graph"), ("llamaray", "llama-server"), ("llamaray-graph", "llama-server")]
+    assert ratio_rows[2]["tokens_per_s"] == 0.75
+    text = report.format_table(table, ratio_rows)
+    graph_block = text.split("llamaray-graph / peer")[1]
+    assert "vs llama-server      c=16  tok/s x0.75" in graph_block
+    checks = [what for _, what in report.target_checks(table, ratio_rows)]
+    assert "c=16 tok/s x0.94 of llama-server (>= 0.95)" in checks       # llamaray's, not the graph's 0.75
+    assert not any("x0.75" in what for what in checks)

@@ -40,7 +40,7 @@ def test_interleaved_servers_alternate_who_goes_first_per_level_and_round():
 
 
 def test_interleave_takes_the_listed_servers_in_the_servers_order():
-    assert parse_args([]).interleave == ["llamaray", "llama-server"]
+    assert parse_args([]).interleave == ["llamaray", "llamaray-graph", "llama-server"]
     assert parse_args(["--servers", "llama-server,llamaray"]).interleave == ["llama-server", "llamaray"]
     assert parse_args(["--interleave", ""]).interleave == []
     # one server has nobody to take turns with: it runs alone

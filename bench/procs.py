@@ -1,0 +1,179 @@
+"""Where the graph bench's CPU seconds go: each process of the server's Ray session sorted into a tier
+(Ingress, ChatProcessor, Serve's proxy, the model replica, Ray's other processes), from /proc samples
+taken before and after a measured window. Also the ports a process listens on (an Ingress replica's own
+HTTP server with direct ingress).
+
+Reading /proc only (no psutil): the tiers' CPU time is utime + stime of /proc/<pid>/stat, all threads
+of the process together; a process that exits during the window takes its time with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROC = Path("/proc")
+
+# The tiers, in the order the report prints them: the server's (SERVING), then the bench's own processes
+# (`loadgen`: the load generator; `bench`: the bench itself and its Ray driver, which ask the engine for
+# its stats at the window's ends).
+SERVING = ("ingress", "chat_processor", "proxy", "model", "ray_other")
+TIERS = (*SERVING, "loadgen", "bench")
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One process at one moment: its session, what it calls itself, and the CPU seconds it has used."""
+
+    pid: int
+    sid: int
+    title: str
+    cpu_s: float
+
+
+def parse_stat(text: str) -> tuple[int, float]:
+    """(session id, CPU seconds: utime + stime) from the text of /proc/<pid>/stat. The command name in
+    parentheses may hold spaces and parentheses itself, so the fields are counted after the last ')'."""
+    rest = text.rsplit(")", 1)[1].split()
+    # rest[0] is field 3 (state): session is field 6, utime 14, stime 15 (proc(5)).
+    return int(rest[3]), (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
+def title_of(cmdline: bytes) -> str:
+    """The command line as one string: Ray's workers set theirs to `ray::<actor class>[.<method>]`."""
+    return cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def read_process(pid: int, proc: Path = PROC) -> ProcSample | None:
+    try:
+        sid, cpu = parse_stat((proc / str(pid) / "stat").read_text())
+        title = title_of((proc / str(pid) / "cmdline").read_bytes())
+    except (OSError, IndexError, ValueError):
+        return None  # gone meanwhile
+    return ProcSample(pid, sid, title, cpu)
+
+
+def sample(sid: int | None, pids: Iterable[int] = (), proc: Path = PROC) -> dict[int, ProcSample]:
+    """Every live process of session `sid`, plus `pids` (processes outside it), by pid."""
+    out: dict[int, ProcSample] = {}
+    wanted = set(pids)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        s = read_process(pid, proc)
+        if s is not None and (pid in wanted or (sid is not None and s.sid == sid)):
+            out[pid] = s
+    return out
+
+
+def tier_of(title: str, app: str, pids: Mapping[int, str] | None = None, pid: int | None = None) -> str:
+    """The tier of a process: the one `pids` names for it (replica pids the replicas reported, the
+    bench's own), else from the title Ray gives an actor's process."""
+    if pids and pid in pids:
+        return pids[pid]
+    replica = f"ray::ServeReplica:{app}:"
+    if title.startswith(replica):
+        deployment = title[len(replica):]
+        if deployment.startswith("Ingress"):
+            return "ingress"
+        if deployment.startswith("ChatProcessor"):
+            return "chat_processor"
+        if deployment.startswith("LlamaModel-"):
+            return "model"
+    if title.startswith("ray::ProxyActor"):
+        return "proxy"
+    return "ray_other"
+
+
+def short_name(title: str) -> str:
+    """A process's name for the breakdown of `ray_other`: the actor class, or the program."""
+    if title.startswith("ray::"):
+        return title.split(".", 1)[0].split(" ", 1)[0]
+    words = title.split()
+    if not words:
+        return "?"
+    prog = Path(words[0]).name
+    if prog.startswith("python") and len(words) > 1:
+        arg = words[2] if words[1] in ("-m", "-u") and len(words) > 2 else words[1]
+        return f"python {Path(arg).name}"
+    return prog
+
+
+def cpu_by_tier(before: Mapping[int, ProcSample], after: Mapping[int, ProcSample], app: str,
+                pids: Mapping[int, str] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """(CPU seconds per tier, CPU seconds per process name within `ray_other`) between two samples. A
+    process started during the window counts from zero; its title is the later one (an idle Ray worker
+    that became an actor is that actor)."""
+    tiers = dict.fromkeys(TIERS, 0.0)
+    other: dict[str, float] = {}
+    for pid, end in after.items():
+        start = before.get(pid)
+        same = start is not None and start.sid == end.sid and start.cpu_s <= end.cpu_s  # not a reused pid
+        used = end.cpu_s - start.cpu_s if same else end.cpu_s
+        tier = tier_of(end.title, app, pids, pid)
+        tiers[tier] = tiers.get(tier, 0.0) + used
+        if tier == "ray_other" and used > 0:
+            name = short_name(end.title)
+            other[name] = other.get(name, 0.0) + used
+    return tiers, other
+
+
+def machine_busy_s(stat_text: str | None = None) -> float:
+    """CPU seconds the whole machine spent busy since boot (all cores: /proc/stat's first line)."""
+    text = stat_text if stat_text is not None else (PROC / "stat").read_text()
+    fields = text.splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def per_k_tokens(cpu_s: float, tokens: float) -> float | None:
+    """CPU seconds per 1,000 tokens, which is also the cores a tier needs per 1,000 tokens/s."""
+    return cpu_s * 1000 / tokens if tokens > 0 else None
+
+
+# --------------------------------------------------------------------------------------------
+# Listening ports (direct ingress: each Ingress replica serves HTTP on a port of its own)
+# --------------------------------------------------------------------------------------------
+
+TCP_LISTEN = "0A"
+
+
+def listening_inodes(net_tcp_text: str) -> dict[int, int]:
+    """{socket inode: local port} of the LISTEN sockets in the text of /proc/net/tcp or tcp6."""
+    out = {}
+    for line in net_tcp_text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) > 9 and cols[3] == TCP_LISTEN:
+            out[int(cols[9])] = int(cols[1].rsplit(":", 1)[1], 16)
+    return out
+
+
+def socket_inodes(pid: int, proc: Path = PROC) -> set[int]:
+    inodes = set()
+    try:
+        fds = list((proc / str(pid) / "fd").iterdir())
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listening_ports(pid: int, proc: Path = PROC) -> list[int]:
+    """The TCP ports process `pid` listens on."""
+    listening: dict[int, int] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            listening.update(listening_inodes((proc / str(pid) / "net" / name).read_text()))
+        except OSError:
+            pass
+    return sorted({listening[i] for i in socket_inodes(pid, proc) if i in listening})
