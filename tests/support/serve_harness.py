@@ -253,11 +253,13 @@ POOL = ServePool()
 
 
 def sse_events(body: str) -> list[str]:
-    """The `data:` payloads of an SSE body, in order."""
+    """The `data:` payloads of an SSE body, in order. Comment blocks (`: keep-alive`, sent while a
+    request waits longer than the keep-alive interval, as on a loaded machine) are skipped, as SSE
+    clients skip them; anything else must be one data event."""
     out = []
     for block in body.split("\n\n"):
         block = block.strip()
-        if block:
+        if block and not all(line.startswith(":") for line in block.split("\n")):
             assert block.startswith("data: "), f"not an SSE data event: {block!r}"
             out.append(block[len("data: "):])
     return out
