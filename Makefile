@@ -33,7 +33,7 @@ config: $(STAMP)
 
 # `serve run` with Ray Serve's settings for one small machine (app/ray_env.py: the Ingress replica, which
 # runs the model too, serves HTTP on the config's port itself; a slower controller loop), measured in
-# the README's benchmark.
+# docs/benchmarks.md.
 run: config
 	$(VENV)/bin/llamaray serve-local $(LOCAL_CONFIG)
 

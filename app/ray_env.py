@@ -1,9 +1,9 @@
 """Ray Serve settings for a single small machine (`make run`, the benchmark), as environment variables
-Ray's processes read when they start. Measured on 2 cores (README, "Benchmark"):
+Ray's processes read when they start. Each was measured on 2 cores (docs/benchmarks.md):
 
 - RAY_SERVE_THROUGHPUT_OPTIMIZED=1: handles over gRPC, the Ingress replica serving HTTP itself (direct
-  ingress), user code and the router on the replica's main event loop, GC frozen after start-up.
-  Together with `chat_processor: ingress`, c=1 went from 48-75 to 84-100 tok/s.
+  ingress), user code and the router on the replica's main event loop, GC frozen after start-up:
+  fewer threads and hops taking CPU from llama.cpp's.
 - The Ingress replica's HTTP server on the port users call (`http_options.port`): Serve gives direct
   ingress replicas ports from RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT (30000 up by default, and a
   released port held back for a while), so the range is that one port, nothing is held back, and Serve's

@@ -1,5 +1,5 @@
 """Ray Serve metrics for llamaray. They reach Ray's Prometheus endpoint with a `ray_` prefix (counters with a
-`_total` suffix) and the deployment, replica and application tags Serve adds. The README lists them;
+`_total` suffix) and the deployment, replica and application tags Serve adds. docs/operations.md lists them;
 deploy/grafana/llamaray.json charts them.
 
 Two families:

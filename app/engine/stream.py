@@ -27,9 +27,9 @@ from .slots import Generation, Sink
 
 PER_STREAM_S = 0.015
 # A chunk never waits longer than this after the one before it, plus its delivery through Ray and HTTP
-# (up to ~80 ms at p99 measured on 2 busy cores): under the 250 ms between two chunks a stream may wait
-# (issue 13). With 16 sequences on 2 cores (a step ~70-85 ms) a chunk carries two steps' tokens, half
-# the Ray items of one a step (README, "Benchmark").
+# (up to ~80 ms at p99 measured on 2 busy cores): under the 250 ms a client may wait between two chunks.
+# With 16 sequences on 2 cores (a step ~70-85 ms) a chunk carries two steps' tokens, half the Ray items
+# of one a step (docs/benchmarks.md).
 MAX_WINDOW_S = 0.17
 
 

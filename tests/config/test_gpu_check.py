@@ -1,5 +1,5 @@
 """`make gpu-check` (tools/gpu_check.py): the parts that run without a GPU. The GPU path itself ran
-on an H200 (README, "GPU check"); here: a node without a driver is told so, every later step is
+on an H200 (docs/benchmarks.md); here: a node without a driver is told so, every later step is
 reported skipped with its reason, the CPU build is reported as unable to offload, and the table."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_dashboard_is_a_grafana_dashboard_over_our_metrics():
         check_expression(expr)
         for var in re.findall(r"\$(\w+)", expr):
             assert var in variables or var.startswith("__"), f"${var} is not a dashboard variable"
-    # what the issue asks to see, at least
+    # the series an operator needs at least: latency, queueing, throughput, cache hits, request outcomes
     text = json.dumps(dashboard)
     for metric in ("ray_vllm_time_to_first_token_seconds_bucket", "ray_vllm_request_time_per_output_token_seconds",
                    "ray_vllm_e2e_request_latency_seconds", "ray_vllm_request_queue_time_seconds",

