@@ -106,7 +106,7 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
                          f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}{each}")
     checks = target_checks(table, ratio_rows)
     if checks:
-        lines += ["", "targets (issue 13; same run, same slots):"]
+        lines += ["", "targets against llama-server (same run, same slots):"]
         lines += [f"  {'ok  ' if ok else 'FAIL'} {what}" for ok, what in checks]
     if any((r.get("cpu") or {}).get("other_cores", 0) > OTHER_LOAD_WARN for r in table):
         lines.append(f"\n! other processes used > {OTHER_LOAD_WARN} cores during a level marked '!': "
