@@ -1,6 +1,7 @@
-"""CompletionService: legacy text completions, orchestrated like ChatService. Each prompt of the
-request is one generation of `n` choices (choice index = prompt × n + i, as OpenAI numbers them);
-the prompts run together, under one deadline, and their events are shaped into `text_completion`s."""
+"""CompletionService: legacy text completions, over the request lifecycle ChatService shares
+(app/serving/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
+index = prompt × n + i, as OpenAI numbers them); the prompts run together, under one deadline, and
+their events are shaped into `text_completion`s."""
 
 from __future__ import annotations
 
