@@ -17,10 +17,10 @@ from .chat.plan import (
     grammar_limits,
     tool_plan,
 )
-from .chat.service import off_loop
 from .config import Limits, ModelSpec
 from .errors import model_not_found
 from .schemas import DetokenizeRequest, TokenizeRequest
+from .serving.lifecycle import off_loop
 from .tool_calling import ReplyFormat, resolve_reply_format
 
 

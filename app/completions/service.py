@@ -1,6 +1,7 @@
-"""CompletionService: legacy text completions, orchestrated like ChatService. Each prompt of the
-request is one generation of `n` choices (choice index = prompt × n + i, as OpenAI numbers them);
-the prompts run together, under one deadline, and their events are shaped into `text_completion`s."""
+"""CompletionService: legacy text completions, over the request lifecycle ChatService shares
+(app/serving/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
+index = prompt × n + i, as OpenAI numbers them); the prompts run together, under one deadline, and
+their events are shaped into `text_completion`s."""
 
 from __future__ import annotations
 
@@ -11,19 +12,17 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from .. import content_marks
-from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
 from ..chat.choices import merge
-from ..chat.rounds import OpenStream, with_deadline
-from ..chat.service import off_loop
+from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
+from ..chat.rounds import with_deadline
 from ..chat.tally import ReplyTally
 from ..config import Limits, ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.params import GenerationRequest
-from ..errors import APIError, model_not_found
-from ..observe import NullObserver, RequestObserver
+from ..errors import APIError
+from ..observe import RequestRecord
 from ..schemas import CompletionRequest
-from ..serving.caller import ANONYMOUS, Caller, cache_scope
-from ..tracing import traced
+from ..serving.lifecycle import RequestLifecycle
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")
@@ -111,58 +110,45 @@ async def _prompt_errors(events: AsyncIterator[T]) -> AsyncIterator[T]:
         await events.aclose()
 
 
-class CompletionService:
-    protocol = "completions"
+class CompletionReply:
+    """A legacy reply: its choices (index = prompt × n + i) and one tally for all of them; for a stream, the
+    chunks they make. Batches: [(prompt number, event)]."""
 
-    def __init__(self, specs: list[ModelSpec], open_stream: OpenStream, *, limits: Limits | None = None,
-                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
-        self.models = {s.id: s for s in specs}
-        self.open_stream = open_stream
-        self.limits = limits or Limits()
-        self.observer = observer or NullObserver()
-        self.per_key_cache = per_key_cache
-
-    async def plan(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> CompletionPlan:
-        spec = self.models.get(req.model)
-        if spec is None:
-            raise model_not_found(req.model)
-        scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        return await traced("plan", off_loop(self.limits, plan_completion, req, spec, self.limits, scope),
-                            lambda plan: {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n})
-
-    def _choices(self, plan: CompletionPlan) -> list[Choice]:
+    def __init__(self, plan: CompletionPlan, stream: bool) -> None:
+        self.plan = plan
         req = plan.req
-        return [Choice(p * plan.n + i, prompt, bool(req.echo), req.logprobs is not None)
-                for p, prompt in enumerate(req.prompts) for i in range(plan.n)]
+        self.choices = [Choice(p * plan.n + i, prompt, bool(req.echo), req.logprobs is not None)
+                        for p, prompt in enumerate(req.prompts) for i in range(plan.n)]
+        self.tally = ReplyTally()
+        self.maker = CompletionMaker(plan.request_id, req.model) if stream else None
 
-    async def _events(self, plan: CompletionPlan, tally: ReplyTally) -> AsyncIterator[list[tuple[int, Event]]]:
-        """Each batch's events with their prompt's number, recorded in `tally`, until every choice
-        finished or the deadline passed (504)."""
-        timeout_s = self.limits.request_timeout_s
-        deadline = time.monotonic() + timeout_s
-        sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
-        finished = [0] * len(sources)
-        async for p, batch in _prompt_errors(merge(sources)):
-            for ev in batch:
-                if isinstance(ev, Started) and ev.index == 0:
-                    tally.add_prompt(ev)
-                elif isinstance(ev, Text):
-                    tally.add_text(ev.text)
-                elif isinstance(ev, Finished):
-                    tally.end_round(ev)
-                    finished[p] += 1
-            yield [(p, ev) for ev in batch]
-        if any(done < plan.n for done in finished):
-            raise APIError("The model stream ended without finishing.", status=502, type="server_error",
-                           code="incomplete_generation")
+    def read(self, batch: list[tuple[int, Event]]) -> None:
+        for p, ev in batch:
+            self._apply(p, ev)
 
-    def _apply(self, plan: CompletionPlan, choices: list[Choice], p: int, ev: Event,
-               maker: CompletionMaker | None = None) -> list[dict[str, Any]]:
+    def check(self) -> None:
+        """A legacy completion is answered as it came out, however empty."""
+
+    def body(self) -> dict[str, Any]:
+        maker = CompletionMaker(self.plan.request_id, self.plan.req.model)
+        return maker.body([c.body() for c in self.choices], self.tally.usage())
+
+    def chunks(self, batch: list[tuple[int, Event]]) -> list[dict[str, Any]]:
+        return [chunk for p, ev in batch for chunk in self._apply(p, ev, self.maker)]
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return self.maker.usage(self.tally.usage())
+
+    def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
+        return self.tally.record(self.plan.spec.id, stream, failure, protocol)
+
+    def _apply(self, p: int, ev: Event, maker: CompletionMaker | None = None) -> list[dict[str, Any]]:
         """`ev` into its choice (or, the prompt's scores, into each of the prompt's choices that has
         not echoed yet); with `maker`, the chunks it makes."""
-        base = p * plan.n
+        n, choices = self.plan.n, self.choices
+        base = p * n
         if isinstance(ev, PromptLogprobs):
-            targets = [choices[base + i] for i in range(plan.n)]
+            targets = [choices[base + i] for i in range(n)]
             parts = [(c, c.prompt_scored(ev), None) for c in targets]
         else:
             c = choices[base + ev.index]
@@ -180,36 +166,36 @@ class CompletionService:
         return [maker.chunk(c.index, text, c.logprobs.take() if c.logprobs else None, finish)
                 for c, text, finish in parts if text is not None and (text or finish or c.logprobs)]
 
-    async def complete(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        plan = await self.plan(req, caller)
-        choices, tally = self._choices(plan), ReplyTally()
-        failure: BaseException | None = None
-        try:
-            async for batch in self._events(plan, tally):
-                for p, ev in batch:
-                    self._apply(plan, choices, p, ev)
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            self.observer.record(tally.record(plan.spec.id, False, failure, self.protocol))
-        return CompletionMaker(plan.request_id, req.model).body([c.body() for c in choices], tally.usage())
 
-    async def stream(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
-        plan = await self.plan(req, caller)
-        choices, tally = self._choices(plan), ReplyTally()
-        maker = CompletionMaker(plan.request_id, req.model)
-        failure: BaseException | None = None
-        try:
-            yield []  # accepted: the Ingress may send headers while the model is awaited
-            async for batch in self._events(plan, tally):
-                out = [chunk for p, ev in batch for chunk in self._apply(plan, choices, p, ev, maker)]
-                if out:
-                    yield out
-            if req.include_usage:
-                yield [maker.usage(tally.usage())]
-        except BaseException as exc:
-            failure = exc
-            raise
-        finally:
-            self.observer.record(tally.record(plan.spec.id, True, failure, self.protocol))
+class CompletionService(RequestLifecycle[CompletionRequest, CompletionPlan, CompletionReply]):
+    protocol = "completions"
+
+    def make_plan(self, req: CompletionRequest, spec: ModelSpec, scope: str) -> CompletionPlan:
+        return plan_completion(req, spec, self.limits, scope)
+
+    def plan_attributes(self, plan: CompletionPlan) -> dict[str, Any]:
+        return {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n}
+
+    def reply(self, plan: CompletionPlan, stream: bool) -> CompletionReply:
+        return CompletionReply(plan, stream)
+
+    async def events(self, plan: CompletionPlan, reply: CompletionReply) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Each batch's events with their prompt's number, recorded in the reply's tally, until every
+        choice finished or the deadline passed (504)."""
+        timeout_s, tally = self.limits.request_timeout_s, reply.tally
+        deadline = time.monotonic() + timeout_s
+        sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
+        finished = [0] * len(sources)
+        async for p, batch in _prompt_errors(merge(sources)):
+            for ev in batch:
+                if isinstance(ev, Started) and ev.index == 0:
+                    tally.add_prompt(ev)
+                elif isinstance(ev, Text):
+                    tally.add_text(ev.text)
+                elif isinstance(ev, Finished):
+                    tally.end_round(ev)
+                    finished[p] += 1
+            yield [(p, ev) for ev in batch]
+        if any(done < plan.n for done in finished):
+            raise APIError("The model stream ended without finishing.", status=502, type="server_error",
+                           code="incomplete_generation")
