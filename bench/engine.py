@@ -12,8 +12,8 @@ import json
 import threading
 import time
 
-from app.chat_template import render_prompt
-from app.config import ModelConfig, resolve_model
+from app.prompt.chat_template import render_prompt
+from app.config.settings import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers

@@ -1,4 +1,4 @@
-"""The Ingress: the Starlette app of app/server.py, one complete deployment class per topology, chosen
+"""The Ingress: the Starlette app of app/http/server.py, one complete deployment class per topology, chosen
 by the builder.
 
 - `GraphIngress` (topology `graph`, the cluster's shape): HTTP, keys and SSE framing only; the processing
@@ -17,11 +17,11 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app import tracing
-from app.auth import KeyChecker, load_api_keys, require_keys
-from app.config import AuthConfig, Limits, ModelSpec, TracingConfig
-from app.placement import INGRESS_DEFAULTS
-from app.server import ServerSettings, build_http_app, model_cards
+from app.observe import tracing
+from app.http.auth import KeyChecker, load_api_keys, require_keys
+from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
+from app.ops.placement import INGRESS_DEFAULTS
+from app.http.server import ServerSettings, build_http_app, model_cards
 from app.serving.health import HealthCache, Refresh
 from app.serving.models import ModelState
 from app.serving.processing import Processing, Processor
@@ -31,7 +31,7 @@ from .chat_processor import RemoteProcessing
 from .metrics import RayRequestObserver
 from .model_host import ModelHost
 from .models import LocalModels
-from .placement import PlacementWatch, cluster_model_states
+from .placement_watch import PlacementWatch, cluster_model_states
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")

@@ -6,8 +6,8 @@ from typing import Any
 
 from ray import serve
 
-from app import tracing
-from app.config import ModelSpec, TracingConfig
+from app.observe import tracing
+from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.serving.models import ModelState
 

@@ -11,7 +11,7 @@ from ray.serve.handle import DeploymentHandle
 from app.engine.events import Event
 from app.engine.params import GenerationRequest
 
-from .errors import call_mapped, to_api_error
+from .error_mapping import call_mapped, to_api_error
 from .handles import by_value
 from .model_host import ModelHost
 from .relay import relay

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engine.events import Event, Finished, Started, Text
 from ..engine.params import GenerationRequest
-from ..errors import APIError, timeout_error
+from ..api.errors import APIError, timeout_error
 from ..parsers import ReplyParser
 from .plan import GenerationPlan
 from .tally import ReplyTally

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from ..engine.events import Finished, Started
-from ..errors import EMPTY_REPLY, APIError
-from ..observe import RequestRecord
+from ..api.errors import EMPTY_REPLY, APIError
+from ..observe.request_records import RequestRecord
 
 
 class ReplyTally:

@@ -10,20 +10,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from .. import content_marks
+from ..prompt import content_marks
 from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
 from ..chat.choices import merge
 from ..chat.rounds import OpenStream, with_deadline
 from ..chat.service import off_loop
 from ..chat.tally import ReplyTally
-from ..config import Limits, ModelSpec
+from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.params import GenerationRequest
-from ..errors import APIError, model_not_found
-from ..observe import NullObserver, RequestObserver
-from ..schemas import CompletionRequest
+from ..api.errors import APIError, model_not_found
+from ..observe.request_records import NullObserver, RequestObserver
+from ..api.schemas import CompletionRequest
 from ..serving.caller import ANONYMOUS, Caller, cache_scope
-from ..tracing import traced
+from ..observe.tracing import traced
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .. import content_marks
-from ..config import ModelSpec, place
-from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
+from ..prompt import content_marks
+from ..config.settings import ModelSpec, place
+from ..api.errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
 from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob

@@ -18,8 +18,8 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from .. import content_marks
-from ..errors import invalid_request
+from ..prompt import content_marks
+from ..api.errors import invalid_request
 from .params import SamplingParams
 
 log = logging.getLogger("llamaray.llama")
@@ -264,7 +264,7 @@ class GrammarTooSlow(RuntimeError):
 
 # A grammar's work per token (llama.cpp matching every candidate against its parse stacks) may take
 # GRAMMAR_ALLOWANCE_S; what it takes beyond adds up, and past GRAMMAR_EXCESS_BUDGET_S the request fails.
-# Every stream of the replica waits for it each step: the static bounds (app/gbnf_check.py) keep grammars
+# Every stream of the replica waits for it each step: the static bounds (app/grammar/gbnf_check.py) keep grammars
 # that start slow out, this catches those whose ambiguity grows with the reply ("a"|"aa" repeated: 1.2 s a
 # token after 100 tokens), which no static bound can see. A plain `.*` grammar costs 10-35 ms here.
 GRAMMAR_ALLOWANCE_S = 0.1

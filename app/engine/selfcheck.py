@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ModelSpec, place
+from ..config.settings import ModelSpec, place
 from . import hardware
 
 log = logging.getLogger("llamaray.selfcheck")

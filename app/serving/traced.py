@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from .. import tracing
+from ..observe import tracing
 from ..engine.events import Event
 from ..engine.params import GenerationRequest
-from ..schemas import DetokenizeRequest, TokenizeRequest
+from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from .caller import Caller
 from .models import Models
 from .processing import APIRequest, Processing

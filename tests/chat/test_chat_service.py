@@ -11,12 +11,12 @@ import pytest
 
 from app.chat import ChatService
 from app.chat.plan import sampling_from
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.errors import APIError
-from app.schemas import ChatCompletionRequest, parse_chat_request
+from app.api.errors import APIError
+from app.api.schemas import ChatCompletionRequest, parse_chat_request
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from app.chat_template import check_template, content_text, render_prompt, template_messages
-from app.errors import APIError
+from app.prompt.chat_template import check_template, content_text, render_prompt, template_messages
+from app.api.errors import APIError
 
 SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from app import content_marks
+from app.prompt import content_marks
 from app.chat.plan import plan_request
-from app.config import Limits
-from app.errors import APIError
-from app.schemas import TokenizeRequest, parse_chat_request, parse_request
-from app.tokens import TokenService
-from app.tool_calling import resolve_reply_format
+from app.config.settings import Limits
+from app.api.errors import APIError
+from app.api.schemas import TokenizeRequest, parse_chat_request, parse_request
+from app.prompt.tokens import TokenService
+from app.prompt.tool_calling import resolve_reply_format
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 

@@ -10,9 +10,9 @@ import pytest
 
 from app.chat import ChatService
 from app.engine.events import Finished, Started, Text
-from app.errors import APIError, error_body
-from app.observe import RequestRecord
-from app.schemas import parse_chat_request
+from app.api.errors import APIError, error_body
+from app.observe.request_records import RequestRecord
+from app.api.schemas import parse_chat_request
 from tests.support.openapi_spec import assert_valid
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from app.chat.plan import check_client_grammar, check_generated_grammar
-from app.config import Limits
-from app.errors import APIError
-from app.gbnf_check import GBNFLimits, check_gbnf
-from app.gbnf_reader import RULE_COST, read_gbnf
-from app.grammars import json_grammar
+from app.config.settings import Limits
+from app.api.errors import APIError
+from app.grammar.gbnf_check import GBNFLimits, check_gbnf
+from app.grammar.gbnf_reader import RULE_COST, read_gbnf
+from app.grammar.request_grammars import json_grammar
 
 # llama.cpp's grammars/json.gbnf
 JSON_GBNF = r'''root   ::= object

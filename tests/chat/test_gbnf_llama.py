@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.errors import APIError
-from app.gbnf_check import GBNFLimits, check_gbnf
+from app.api.errors import APIError
+from app.grammar.gbnf_check import GBNFLimits, check_gbnf
 from tests.support.grammar_probe import GrammarProbe
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.errors import APIError
-from app.grammars import json_grammar, literal, schema_rules, tool_call_schema
-from app.json_schema_grammar import GrammarLimits, SchemaError, schema_to_rules
+from app.api.errors import APIError
+from app.grammar.request_grammars import json_grammar, literal, schema_rules, tool_call_schema
+from app.grammar.json_schema_grammar import GrammarLimits, SchemaError, schema_to_rules
 
 
 # --- llama.cpp as the judge ----------------------------------------------------------------

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app import chat_template, content_marks, prompt_check
-from app.config import resolve_path
-from app.errors import APIError
-from app.gguf import control_token_texts, read_metadata
-from app.prompt_check import ControlTexts, checked_prompt
+from app.prompt import chat_template, content_marks, prompt_check
+from app.config.settings import resolve_path
+from app.api.errors import APIError
+from app.config.gguf import control_token_texts, read_metadata
+from app.prompt.prompt_check import ControlTexts, checked_prompt
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 CHATML = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")

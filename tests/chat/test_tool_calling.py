@@ -7,10 +7,10 @@ import json
 import pytest
 
 from app.chat.plan import format_grammar
-from app.errors import APIError
+from app.api.errors import APIError
 from app.parsers import ReplyParser
-from app.schemas import parse_chat_request
-from app.tool_calling import plan_tools, resolve_reply_format
+from app.api.schemas import parse_chat_request
+from app.prompt.tool_calling import plan_tools, resolve_reply_format
 
 QWEN_LIKE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
              "Call with <tool_call></tool_call>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")

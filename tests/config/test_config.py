@@ -9,8 +9,8 @@ import struct
 import pytest
 import yaml
 
-from app.cli import main as cli_main
-from app.config import (
+from app.ops.cli import main as cli_main
+from app.config.settings import (
     AppArgs,
     ConfigError,
     ModelConfig,
@@ -19,7 +19,7 @@ from app.config import (
     resolve_model,
     resolve_path,
 )
-from app.config_overlay import merge
+from app.ops.config_overlay import merge
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "serve_config.yaml"

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 import yaml
 
-from app.cli import main as cli_main
-from app.config_check import check_config
+from app.ops.cli import main as cli_main
+from app.ops.config_check import check_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "deploy" / "kuberay" / "rayservice.yaml"
@@ -28,7 +28,7 @@ def test_committed_manifest_is_what_the_command_generates_now(tmp_path, monkeypa
     assert cli_main([*COMMAND[:-1], str(out)]) == 0
     generated = out.read_text().replace(str(out), "deploy/kuberay/rayservice.yaml")
     assert generated == COMMITTED.read_text(), (
-        "deploy/kuberay/rayservice.yaml is stale: run `python -m app.cli " + " ".join(COMMAND) + "`")
+        "deploy/kuberay/rayservice.yaml is stale: run `python -m app.ops.cli " + " ".join(COMMAND) + "`")
 
 
 def test_serve_config_v2_is_exactly_the_rendered_serve_config(manifest):

@@ -10,10 +10,10 @@ import pathlib
 import pytest
 import yaml
 
-from app.cli import main as cli_main
-from app.config import ModelConfig, deployment_name, place, resolve_model
-from app.config_check import check_config
-from app.placement import (
+from app.ops.cli import main as cli_main
+from app.config.settings import ModelConfig, deployment_name, place, resolve_model
+from app.ops.config_check import check_config
+from app.ops.placement import (
     apply_block,
     model_deployment_defaults,
     replica_request,

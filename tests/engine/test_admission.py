@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.admission import admissible
 from app.engine.events import Event, Failed, Finished, Started

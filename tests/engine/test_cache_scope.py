@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.prompt_cache import PromptCache

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Event, Failed, Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.errors import APIError
+from app.api.errors import APIError
 from tests.support.events import assert_same_distribution, run_until_idle as run
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).

@@ -7,7 +7,7 @@ import pytest
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Failed, Finished
-from app.errors import APIError
+from app.api.errors import APIError
 from tests.support.events import EventBox
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest
-from app.errors import APIError
+from app.api.errors import APIError
 
 TEXT = "Plain text, with accents (héllo), CJK (日本語) and spaces  twice."
 

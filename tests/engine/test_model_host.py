@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ray")
 
 from app.engine import GenerationRequest  # noqa: E402
-from app.errors import APIError  # noqa: E402
+from app.api.errors import APIError  # noqa: E402
 from deployments.model_host import WAITING_PER_SLOT, ModelHost  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The graph as `make run` starts it (`llamaray serve-local`, `topology: single`): Ray Serve with
-app/ray_env.py's settings, one Ingress replica that renders prompts and runs the models' engines itself
+app/ops/ray_env.py's settings, one Ingress replica that renders prompts and runs the models' engines itself
 and serves HTTP on the config's port without Serve's proxy in between. What only this shape has: the
 port, the engines' own admission bound, a killed replica coming back on the same port."""
 

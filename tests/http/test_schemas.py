@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import APIError
-from app.schemas import (
+from app.api.errors import APIError
+from app.api.schemas import (
     AssistantMessage,
     ChatCompletionRequest,
     SystemMessage,

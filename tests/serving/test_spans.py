@@ -11,15 +11,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from starlette.testclient import TestClient
 
-from app import tracing
-from app.config import ConfigError, Limits, TracingConfig, parse_args
+from app.observe import tracing
+from app.config.settings import ConfigError, Limits, TracingConfig, parse_args
 from app.engine.events import Finished, Started, Text
 from app.engine.params import GenerationRequest, SamplingParams
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
-from app.errors import APIError, invalid_request
-from app.schemas import parse_chat_request
-from app.server import TraceMiddleware, build_http_app, model_cards
+from app.api.errors import APIError, invalid_request
+from app.api.schemas import parse_chat_request
+from app.http.server import TraceMiddleware, build_http_app, model_cards
 from app.serving.caller import ANONYMOUS
 from app.serving.processing import Processor
 from app.serving.traced import HopProcessing, TracedModels, traced_models, traced_processing

@@ -21,20 +21,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import tracing
+from ..observe import tracing
 from .auth import KeyChecker
-from .errors import (
+from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
 from .keepalive import Tick, with_ticks
-from .openapi import openapi_document
-from .schemas import (
+from ..api.openapi import openapi_document
+from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
-from .serving.caller import ANONYMOUS, Caller
-from .serving.health import HealthCache, health_body
-from .serving.models import READY, ModelState
-from .serving.processing import Processing
+from ..serving.caller import ANONYMOUS, Caller
+from ..serving.health import HealthCache, health_body
+from ..serving.models import READY, ModelState
+from ..serving.processing import Processing
 from .sse import SSE_HEADERS, frame_stream
 
 log = logging.getLogger("llamaray.server")

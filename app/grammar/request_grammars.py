@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import invalid_request
+from ..api.errors import invalid_request
 from .json_schema_grammar import DEFAULT_LIMITS, GrammarLimits, SchemaError, gbnf_literal, schema_to_rules
 
 __all__ = ["GrammarLimits", "SchemaError", "json_grammar", "literal", "schema_rules", "tool_call_schema"]

@@ -10,7 +10,7 @@ from ray.serve import exceptions as serve_exc
 
 import logging
 
-from app.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
+from app.api.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
 
 log = logging.getLogger("ray.serve")
 

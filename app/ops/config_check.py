@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import (
+from ..config.settings import (
     ConfigError,
     ModelConfig,
     deployment_name,
@@ -29,8 +29,8 @@ from .placement import (
     offloads,
     replica_request,
 )
-from .prefix_routing import ROUTER_KWARGS
-from .preflight import preflight
+from ..routing.prefix_routing import ROUTER_KWARGS
+from ..config.preflight import preflight
 
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

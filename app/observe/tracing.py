@@ -28,13 +28,13 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import as_api_error
+from ..api.errors import as_api_error
 
 if TYPE_CHECKING:
-    from .config import TracingConfig
-    from .engine.params import GenerationRequest
-    from .engine.timeline import Timeline
-    from .observe import RequestObserver, RequestRecord
+    from ..config.settings import TracingConfig
+    from ..engine.params import GenerationRequest
+    from ..engine.timeline import Timeline
+    from .request_records import RequestObserver, RequestRecord
 
 T = TypeVar("T")
 

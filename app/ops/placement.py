@@ -10,8 +10,8 @@ import copy
 import math
 from typing import Any
 
-from .config import ModelConfig
-from .prefix_routing import max_chars_for
+from ..config.settings import ModelConfig
+from ..routing.prefix_routing import max_chars_for
 
 # Code defaults of the two CPU deployments (their @serve.deployment decorators use these).
 INGRESS_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0.1}, "max_ongoing_requests": 256}

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_template import content_text
-from .errors import invalid_request
-from .grammars import GrammarLimits, SchemaError, literal, schema_rules, tool_call_schema
-from .parsers import (
+from ..api.errors import invalid_request
+from ..grammar.request_grammars import GrammarLimits, SchemaError, literal, schema_rules, tool_call_schema
+from ..parsers import (
     REASONING_PARSERS, TOOL_PARSERS, detect_reasoning_parser, detect_tool_parser, template_starts_in_reasoning,
 )
-from .schemas import ChatCompletionRequest
+from ..api.schemas import ChatCompletionRequest
 
 FALLBACK_TOOL_PARSER = "hermes"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .chat_template import check_template
-from .config import ConfigError, ModelSpec
-from .tool_calling import resolve_reply_format
+from ..prompt.chat_template import check_template
+from .settings import ConfigError, ModelSpec
+from ..prompt.tool_calling import resolve_reply_format
 
 
 def preflight(spec: ModelSpec) -> None:

@@ -1,7 +1,7 @@
 """Server-sent events framing for chat completion streams.
 
 The protocol ends with exactly one `data: [DONE]`, whatever happened before it: a finished
-stream, an error event, or a producer that stopped without a finish chunk. A `TICK` (app/keepalive.py)
+stream, an error event, or a producer that stopped without a finish chunk. A `TICK` (app/http/keepalive.py)
 becomes a `: keep-alive` comment line, which SSE clients (the openai SDK included) skip.
 """
 

@@ -1,7 +1,7 @@
 """The Ray facts about where model replicas run, for the graph's Ingress: each model deployment's
 per-replica request and running replicas (from Serve's controller), the alive nodes' total resources,
 whether an autoscaler can add nodes (the placement watch), and each model's state for /health. The
-decisions and their wording are plain Python in app/placement.py."""
+decisions and their wording are plain Python in app/ops/placement.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from ray._private import ray_constants
 from ray.experimental.internal_kv import _internal_kv_get
 from ray.serve.context import _get_global_client
 
-from app.config import ModelSpec, deployment_name
-from app.errors import service_unavailable
-from app.placement import fits, unplaceable_message
+from app.config.settings import ModelSpec, deployment_name
+from app.api.errors import service_unavailable
+from app.ops.placement import fits, unplaceable_message
 from app.serving.models import LOADING, READY, ModelState
 
 from . import model_status

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import APIError, invalid_request
+from ..api.errors import APIError, invalid_request
 from .gbnf_cost import GBNFCostError, grammar_cost
 from .gbnf_reader import RULE_COST, GBNFBoundError, GBNFSyntaxError, line_col, read_gbnf
 

@@ -34,7 +34,7 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(_Block, _block)
 
 
-# The API keys every replica reads (app/auth.py, `auth.api_keys_env`), from a Secret the operator creates:
+# The API keys every replica reads (app/http/auth.py, `auth.api_keys_env`), from a Secret the operator creates:
 #   kubectl create secret generic llamaray-api-keys --from-literal=keys="$(openssl rand -hex 32)"
 # Not optional: without the Secret no pod starts, so the production shape never serves without keys.
 API_KEYS_SECRET = "llamaray-api-keys"

@@ -17,7 +17,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import content_marks
-from .errors import APIError, invalid_request
+from ..api.errors import APIError, invalid_request
 
 
 log = logging.getLogger("llamaray.template")

@@ -10,17 +10,17 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from . import content_marks
-from .chat.plan import (
+from ..chat.plan import (
     chat_prompt,
     check_grammar_inputs,
     check_model_limits,
     grammar_limits,
     tool_plan,
 )
-from .chat.service import off_loop
-from .config import Limits, ModelSpec
-from .errors import model_not_found
-from .schemas import DetokenizeRequest, TokenizeRequest
+from ..chat.service import off_loop
+from ..config.settings import Limits, ModelSpec
+from ..api.errors import model_not_found
+from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from .tool_calling import ReplyFormat, resolve_reply_format
 
 

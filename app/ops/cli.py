@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                              "serveConfigV2 is that serve config")
     render.add_argument("--image", default=DEFAULT_IMAGE, help="container image of the RayService's pods")
     local = sub.add_parser("serve-local", help="`serve run` a rendered config on this machine the way `make run` "
-                                              "does: Ray Serve's local settings (app/ray_env.py), the Ingress "
+                                              "does: Ray Serve's local settings (app/ops/ray_env.py), the Ingress "
                                               "replica itself serving HTTP on the config's http_options.port")
     local.add_argument("config", type=Path)
     local.add_argument("--dry-run", action="store_true", help="print the environment and command, run nothing")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_local(config_path: Path, *, dry_run: bool = False) -> int:
     """Replaces this process with llamaray's local driver (deployments/local_run.py) on `config_path`, with
-    Serve's proxy moved aside (written next to it as <name>.run.yaml) and the environment of app/ray_env.py."""
+    Serve's proxy moved aside (written next to it as <name>.run.yaml) and the environment of app/ops/ray_env.py."""
     config = yaml.safe_load(config_path.read_text()) or {}
     host, port = http_endpoint(config)
     run_path = config_path.with_name(config_path.stem + ".run.yaml")
