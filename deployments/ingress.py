@@ -29,7 +29,7 @@ from app.serving.traced import traced_models, traced_processing
 
 from .chat_processor import RemoteProcessing
 from .metrics import RayRequestObserver
-from .model_host import ModelHost
+from .engine_host import EngineHost
 from .models import LocalModels
 from .placement_watch import PlacementWatch, cluster_model_states
 from .replica import replica_info
@@ -83,7 +83,7 @@ class SingleIngress(_Front):
     def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
                  tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
-        self.models = LocalModels({spec.id: ModelHost(spec) for spec in specs})
+        self.models = LocalModels({spec.id: EngineHost(spec) for spec in specs})
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
                               per_key_cache=auth.cache_isolation == "per_key")
         self._serve(specs, limits, auth, processor, self._states)

@@ -50,7 +50,7 @@ def payload(bundled_spec, **fields) -> ChatCompletionRequest:
 
 
 def expected_prompt_tokens(engine, bundled_spec, messages) -> int:
-    return len(engine.mc.tokenize(render_prompt(bundled_spec.chat_template, messages)))
+    return len(engine.llama.tokenize(render_prompt(bundled_spec.chat_template, messages)))
 
 
 async def collect(stream) -> list[dict[str, Any]]:

@@ -76,21 +76,21 @@ def test_marked_render_is_the_plain_render_once_unmarked(bundled_spec):
     assert cm.OPEN in marked and cm.unmark(marked) == plain
 
 
-def _control_ids(mc, tokens):
-    return [t for t in tokens if mc.is_control(t)]
+def _control_ids(llama, tokens):
+    return [t for t in tokens if llama.is_control(t)]
 
 
 @pytest.mark.parametrize("role", ["user", "system", "tool"])
 def test_control_token_text_in_a_message_stays_text(engine, bundled_spec, role):
-    mc = engine.mc
+    llama = engine.llama
     msgs = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
     msgs.append({"role": role, "content": INJECTION, **({"tool_call_id": "c1"} if role == "tool" else {})})
     benign = [*msgs[:-1], {**msgs[-1], "content": "hi there, nothing special."}]
-    marked = mc.tokenize_prompt(render_prompt(bundled_spec.chat_template, msgs, mark_content=True))
-    reference = mc.tokenize_prompt(render_prompt(bundled_spec.chat_template, benign, mark_content=True))
+    marked = llama.tokenize_prompt(render_prompt(bundled_spec.chat_template, msgs, mark_content=True))
+    reference = llama.tokenize_prompt(render_prompt(bundled_spec.chat_template, benign, mark_content=True))
     # The injected message adds text tokens only: the template's control tokens, no more.
-    assert _control_ids(mc, marked) == _control_ids(mc, reference)
+    assert _control_ids(llama, marked) == _control_ids(llama, reference)
     # Without marks (how the prompt was tokenized before), the same text turns into control tokens.
-    unmarked = mc.tokenize_prompt(render_prompt(bundled_spec.chat_template, msgs))
-    assert len(_control_ids(mc, unmarked)) == len(_control_ids(mc, reference)) + 4  # im_end, im_start x2
-    assert mc.piece(marked[-1]) == mc.piece(unmarked[-1])  # the template's own tail is unchanged
+    unmarked = llama.tokenize_prompt(render_prompt(bundled_spec.chat_template, msgs))
+    assert len(_control_ids(llama, unmarked)) == len(_control_ids(llama, reference)) + 4  # im_end, im_start x2
+    assert llama.piece(marked[-1]) == llama.piece(unmarked[-1])  # the template's own tail is unchanged

@@ -147,12 +147,12 @@ CHATML_CASES = [(f, h) for f in FAMILIES if FAMILIES[f].chatml for h in HOLES]
 @pytest.mark.parametrize("family,hole", CHATML_CASES, ids=[f"{f}-{h}" for f, h in CHATML_CASES])
 def test_injected_text_adds_no_control_token_with_the_real_tokenizer(engine, bundled_spec, family, hole):
     # SmolLM2's vocabulary is ChatML's: <|im_start|> and <|im_end|> are control tokens.
-    mc = engine.mc
+    llama = engine.llama
     spec = replace(spec_for(bundled_spec, FAMILIES[family]), control_tokens=bundled_spec.control_tokens)
     make = HOLES[hole]
 
     def controls(prompt):
-        return [t for t in mc.tokenize_prompt(prompt) if mc.is_control(t)]
+        return [t for t in llama.tokenize_prompt(prompt) if llama.is_control(t)]
 
     injected, benign = outcome(spec, make(CHATML_TURN), controls), outcome(spec, make(BENIGN), controls)
     assert isinstance(injected, list) and injected == benign

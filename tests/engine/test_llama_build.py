@@ -27,16 +27,16 @@ def test_loaded_llama_cpp_has_no_amx_kernels():
 def test_bundled_model_loads_outside_any_amx_buffer_and_decodes(bundled_spec):
     # Its own small context (the shared engine's decode thread owns that one); llama.cpp's load log
     # says where the weights went.
-    mc = llama.LlamaModelContext(bundled_spec.path, n_ctx_per_seq=128, n_seq_max=1, n_batch=64, n_threads=2,
+    model = llama.LlamaModelContext(bundled_spec.path, n_ctx_per_seq=128, n_seq_max=1, n_batch=64, n_threads=2,
                                  n_threads_batch=2, n_gpu_layers=0, kv_unified=True,
                                  extra_buffers=hardware.use_extra_buffers("auto", hardware.system_info()))
     try:
         assert llama.model_buffers, "no 'model buffer size' line was seen while loading"
         assert not [name for name in llama.model_buffers if "AMX" in name.upper()], llama.model_buffers
-        token = llama.greedy_token(mc, mc.tokenize("The capital of France is"))
-        assert mc.piece(token).decode().strip() == "Paris"  # one real decode, with a real answer
+        token = llama.greedy_token(model, model.tokenize("The capital of France is"))
+        assert model.piece(token).decode().strip() == "Paris"  # one real decode, with a real answer
     finally:
-        mc.close()
+        model.close()
 
 
 def test_venv_records_the_build_it_was_given():

@@ -1,4 +1,4 @@
-"""The replica's engine host (deployments/model_host.py) bounds what waits for a slot where no Serve queue
+"""The replica's engine host (deployments/engine_host.py) bounds what waits for a slot where no Serve queue
 stands in front of it, counting requests still being prepared off the event loop, not only the
 engine's own queue. Driven with a stand-in engine that never admits anything (no Ray, no model)."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("ray")
 
 from app.engine import GenerationRequest  # noqa: E402
 from app.api.errors import APIError  # noqa: E402
-from deployments.model_host import WAITING_PER_SLOT, ModelHost  # noqa: E402
+from deployments.engine_host import WAITING_PER_SLOT, EngineHost  # noqa: E402
 
 
 class StuckEngine:
@@ -44,8 +44,8 @@ class StuckEngine:
         self.cancelled.append(request_id)
 
 
-def host_with(engine) -> ModelHost:
-    host = object.__new__(ModelHost)  # no Ray replica context: set what generate() reads
+def host_with(engine) -> EngineHost:
+    host = object.__new__(EngineHost)  # no Ray replica context: set what generate() reads
     host.spec = SimpleNamespace(id="m", n_seq_max=1, stream_interval_ms=0)
     host.engine, host.unavailable = engine, None
     host.gauges = SimpleNamespace(cache_hit=lambda: None)

@@ -30,7 +30,7 @@ logger = logging.getLogger("ray.serve")
 WAITING_PER_SLOT = 4
 
 
-class ModelHost:
+class EngineHost:
     def __init__(self, spec: ModelSpec) -> None:
         # The auto values (threads, GPU layers) are decided here, from what Ray gave this replica.
         assigned = ray.get_runtime_context().get_assigned_resources()
