@@ -136,7 +136,7 @@ def fit_problems(options: dict[str, dict[str, Any]], cluster: dict[str, Any]) ->
     """Each deployment's replica must fit at least one node type of a cluster launcher file, by the
     `resources` the node type declares. This is per replica, which is what decides whether Ray can place
     it at all: replicas of different deployments may share a node, and a head that must also hold the
-    CPU deployments at their max_replicas is a capacity question (tests/config/test_cluster_config.py)."""
+    CPU deployments at their max_replicas is a capacity question (tests/ops/test_cluster_config.py)."""
     node_types = cluster.get("available_node_types") or {}
     declared = {t: {k: float(v) for k, v in (nt.get("resources") or {}).items()}
                 for t, nt in node_types.items() if isinstance(nt, dict) and "resources" in nt}

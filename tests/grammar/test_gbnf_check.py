@@ -1,5 +1,5 @@
 """The GBNF checker: what it refuses (a 400 naming the limit, on the field given), what it lets
-through, and that it counts what llama.cpp builds. tests/chat/test_gbnf_llama.py checks the
+through, and that it counts what llama.cpp builds. tests/grammar/test_gbnf_llama.py checks the
 accepted side against llama.cpp itself."""
 
 from __future__ import annotations
