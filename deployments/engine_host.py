@@ -11,14 +11,14 @@ from typing import Any
 
 import ray
 
-from app.observe import tracing
+from app.api.errors import overloaded, service_unavailable
 from app.config.settings import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.events import Event, Started
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
-from app.api.errors import overloaded, service_unavailable
+from app.observe import tracing
 from app.serving.models import READY, ModelState
 
 from .metrics import EngineGauges

@@ -17,19 +17,19 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.observe import tracing
-from app.http.auth import KeyChecker, load_api_keys, require_keys
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
-from app.ops.placement import INGRESS_DEFAULTS
+from app.http.auth import KeyChecker, load_api_keys, require_keys
 from app.http.server import ServerSettings, build_http_app, model_cards
+from app.observe import tracing
+from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
 from app.serving.models import ModelState
 from app.serving.processing import Processing, Processor
 from app.serving.traced import traced_models, traced_processing
 
 from .chat_processor import RemoteProcessing
-from .metrics import RayRequestObserver
 from .engine_host import EngineHost
+from .metrics import RayRequestObserver
 from .models import LocalModels
 from .placement_watch import PlacementWatch, cluster_model_states
 from .replica import replica_info

@@ -6,9 +6,9 @@ from typing import Any
 
 from ray import serve
 
-from app.observe import tracing
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
+from app.observe import tracing
 from app.serving.models import ModelState
 
 from . import model_status

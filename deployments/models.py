@@ -11,9 +11,9 @@ from ray.serve.handle import DeploymentHandle
 from app.engine.events import Event
 from app.engine.params import GenerationRequest
 
+from .engine_host import EngineHost
 from .error_mapping import call_mapped, to_api_error
 from .handles import by_value
-from .engine_host import EngineHost
 from .relay import relay
 
 

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from ..api.errors import empty_reply, invalid_request, model_not_found
+from ..api.schemas import ChatCompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
-from ..api.errors import empty_reply, invalid_request, model_not_found
 from ..observe.request_records import NullObserver, RequestObserver
-from ..api.schemas import ChatCompletionRequest
-from ..serving.caller import ANONYMOUS, Caller, cache_scope
-from ..prompt.tool_calling import resolve_reply_format
 from ..observe.tracing import traced
+from ..prompt.tool_calling import resolve_reply_format
+from ..serving.caller import ANONYMOUS, Caller, cache_scope
 from .choices import ChoiceSplitter, merge
 from .plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body

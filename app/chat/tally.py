@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any
 
-from ..engine.events import Finished, Started
 from ..api.errors import EMPTY_REPLY, APIError
+from ..engine.events import Finished, Started
 from ..observe.request_records import RequestRecord
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..prompt.chat_template import check_template
-from .settings import ConfigError, ModelSpec
 from ..prompt.tool_calling import resolve_reply_format
+from .settings import ConfigError, ModelSpec
 
 
 def preflight(spec: ModelSpec) -> None:

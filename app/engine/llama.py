@@ -18,8 +18,8 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from ..prompt import content_marks
 from ..api.errors import invalid_request
+from ..prompt import content_marks
 from .params import SamplingParams
 
 log = logging.getLogger("llamaray.llama")

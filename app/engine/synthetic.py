@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.settings import ModelSpec
 from ..api.errors import APIError, context_length_exceeded, invalid_request
+from ..config.settings import ModelSpec
 from .events import Event, Failed, Finished, Started, Text
 from .params import GenerationRequest
 from .slots import Sink

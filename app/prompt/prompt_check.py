@@ -22,9 +22,9 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
+from ..api.errors import APIError, invalid_request
 from . import content_marks
 from .chat_template import render_prompt
-from ..api.errors import APIError, invalid_request
 
 # What a control-token text in a client string becomes in the neutral render: a noncharacter that no
 # vocabulary's control token contains, so the cut cannot join its two sides into a new one.

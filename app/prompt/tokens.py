@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from . import content_marks
+from ..api.errors import model_not_found
+from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..chat.plan import (
     chat_prompt,
     check_grammar_inputs,
@@ -19,8 +20,7 @@ from ..chat.plan import (
 )
 from ..chat.service import off_loop
 from ..config.settings import Limits, ModelSpec
-from ..api.errors import model_not_found
-from ..api.schemas import DetokenizeRequest, TokenizeRequest
+from . import content_marks
 from .tool_calling import ReplyFormat, resolve_reply_format
 
 

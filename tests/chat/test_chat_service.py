@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
+from app.api.errors import APIError
+from app.api.schemas import ChatCompletionRequest, parse_chat_request
 from app.chat import ChatService
 from app.chat.plan import sampling_from
-from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.api.errors import APIError
-from app.api.schemas import ChatCompletionRequest, parse_chat_request
+from app.prompt.chat_template import render_prompt
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.api.schemas import parse_chat_request
 from app.chat import ChatService
 from app.chat.plan import plan_request
 from app.chat.rounds import continuation_room
@@ -20,7 +21,6 @@ from app.config.settings import Limits
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.api.schemas import parse_chat_request
 from app.prompt.tool_calling import resolve_reply_format
 from tests.support.events import EventBox, run_until_idle, wait_idle
 

@@ -9,7 +9,6 @@ import struct
 import pytest
 import yaml
 
-from app.ops.cli import main as cli_main
 from app.config.settings import (
     AppArgs,
     ConfigError,
@@ -19,6 +18,7 @@ from app.config.settings import (
     resolve_model,
     resolve_path,
 )
+from app.ops.cli import main as cli_main
 from app.ops.config_overlay import merge
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from app.engine import GenerationRequest  # noqa: E402
 from app.api.errors import APIError  # noqa: E402
+from app.engine import GenerationRequest  # noqa: E402
 from deployments.engine_host import WAITING_PER_SLOT, EngineHost  # noqa: E402
 
 

@@ -3,9 +3,9 @@ that shares a prefix with a busy slot copies that slot's KV."""
 
 from __future__ import annotations
 
-from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
+from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, assert_same_distribution
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.api.errors import APIError
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Failed, Finished
-from app.api.errors import APIError
 from tests.support.events import EventBox
 
 

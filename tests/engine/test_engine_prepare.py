@@ -13,12 +13,12 @@ import uuid
 
 import pytest
 
-from app.prompt.chat_template import render_prompt
+from app.api.errors import APIError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Finished
 from app.engine.stream import generate_stream
-from app.api.errors import APIError
+from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
 
 pytestmark = pytest.mark.timeout(300)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.prompt.chat_template import render_prompt
-from app.engine import GenerationRequest
 from app.api.errors import APIError
+from app.engine import GenerationRequest
+from app.prompt.chat_template import render_prompt
 
 TEXT = "Plain text, with accents (héllo), CJK (日本語) and spaces  twice."
 

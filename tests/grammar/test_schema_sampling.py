@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Text
 from app.engine.stream import generate_stream
 from app.grammar.request_grammars import json_grammar
+from app.prompt.chat_template import render_prompt
 
 pytestmark = pytest.mark.timeout(600)
 

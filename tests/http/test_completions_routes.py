@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.http.auth import KeyChecker
 from app.api.errors import APIError
 from app.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from app.http.auth import KeyChecker
 from app.http.server import ModelCard, ServerSettings, build_http_app
 from tests.support.openapi_spec import assert_valid, assert_valid_completion
 

@@ -10,8 +10,8 @@ import pathlib
 import pytest
 import yaml
 
-from app.ops.cli import main as cli_main
 from app.config.settings import ModelConfig, deployment_name, place, resolve_model
+from app.ops.cli import main as cli_main
 from app.ops.config_check import check_config
 from app.ops.placement import (
     apply_block,

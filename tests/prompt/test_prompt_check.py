@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.prompt import chat_template, content_marks, prompt_check
-from app.config.settings import resolve_path
 from app.api.errors import APIError
 from app.config.gguf import control_token_texts, read_metadata
+from app.config.settings import resolve_path
+from app.prompt import chat_template, content_marks, prompt_check
 from app.prompt.prompt_check import ControlTexts, checked_prompt
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from app.chat.plan import format_grammar
 from app.api.errors import APIError
-from app.parsers import ReplyParser
 from app.api.schemas import parse_chat_request
+from app.chat.plan import format_grammar
+from app.parsers import ReplyParser
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
 
 QWEN_LIKE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
