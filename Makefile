@@ -31,7 +31,7 @@ config: $(STAMP)
 	$(VENV)/bin/llamaray render-config serve_config.yaml --overlay configs/local-cpu.yaml -o $(LOCAL_CONFIG)
 	$(VENV)/bin/llamaray check-config $(LOCAL_CONFIG)
 
-# `serve run` with Ray Serve's settings for one small machine (app/ray_env.py: the Ingress replica, which
+# `serve run` with Ray Serve's settings for one small machine (app/ops/ray_env.py: the Ingress replica, which
 # runs the model too, serves HTTP on the config's port itself; a slower controller loop), measured in
 # docs/benchmarks.md.
 run: config

@@ -13,10 +13,10 @@ import argparse
 import json
 import threading
 
-from app.chat_template import render_prompt
-from app.config import ModelConfig, resolve_model
+from app.config.settings import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished, Text
+from app.prompt.chat_template import render_prompt
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 

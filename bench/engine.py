@@ -12,11 +12,11 @@ import json
 import threading
 import time
 
-from app.chat_template import render_prompt
-from app.config import ModelConfig, resolve_model
+from app.config.settings import ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers
+from app.prompt.chat_template import render_prompt
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 

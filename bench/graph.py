@@ -42,10 +42,10 @@ from typing import Any
 
 import yaml
 
-from app.config import SYNTHETIC_PRESETS, deployment_name
+from app.config.settings import SYNTHETIC_PRESETS, deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
-from app.ray_env import LOCAL_RAY_ENV
+from app.ops.ray_env import LOCAL_RAY_ENV
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 from . import graph_report as report
@@ -56,12 +56,12 @@ APP = "llamaray"
 MODEL_ID = "smollm2-135m"
 MODEL_DEPLOYMENT = deployment_name(MODEL_ID)
 PRESET = "h200-smollm2-135m"
-STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config.py default; bench-graph.yaml keeps it)
+STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/settings.py default; bench-graph.yaml keeps it)
 CHATML_OVERHEAD = 40         # bytes the synthetic model's chat template adds around a prompt (byte tokens)
 DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http direct: [min, max)
 
 # Ray Serve's settings: `default` is what a cluster runs unless its nodes set others (serve_config.yaml);
-# `throughput` is app/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
+# `throughput` is app/ops/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
 # replica's main loop, GC frozen after start-up, the controller waking every second).
 RAY_ENVS: dict[str, dict[str, str]] = {
     "default": {},

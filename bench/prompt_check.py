@@ -1,4 +1,4 @@
-"""What the check after rendering (app/prompt_check.py) costs on a realistic chat request:
+"""What the check after rendering (app/prompt/prompt_check.py) costs on a realistic chat request:
 
     .venv/bin/python -m bench.prompt_check [--repeat 200]
 
@@ -17,8 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from app.chat_template import render_prompt
-from app.prompt_check import checked_prompt
+from app.prompt.chat_template import render_prompt
+from app.prompt.prompt_check import checked_prompt
 
 TEMPLATE = (Path(__file__).resolve().parents[1] / "tests" / "data" / "templates" / "Qwen3-0.6B.jinja").read_text()
 CHATML = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")

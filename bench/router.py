@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from app.ray_env import LOCAL_RAY_ENV
+from app.ops.ray_env import LOCAL_RAY_ENV
 from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
 from .servers import ROOT, CpuMeter, ServeDriverServer, comma_names, log, start_run, wait_until_quiet

@@ -28,7 +28,7 @@ from typing import IO
 import httpx
 import yaml
 
-from app.ray_env import http_endpoint, port_state
+from app.ops.ray_env import http_endpoint, port_state
 from tools.llama_build import build_env, build_key
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,9 +7,15 @@ from typing import Any
 
 from ray.serve import Application
 
-from app.config import AppArgs, ModelSpec, deployment_name, parse_args, resolve_models
-from app.placement import ingress_hosting_defaults, model_deployment_defaults
-from app.preflight import preflight
+from app.config.preflight import preflight
+from app.config.settings import (
+    AppArgs,
+    ModelSpec,
+    deployment_name,
+    parse_args,
+    resolve_models,
+)
+from app.ops.placement import ingress_hosting_defaults, model_deployment_defaults
 
 from .chat_processor import ChatProcessor
 from .ingress import GraphIngress, SingleIngress

@@ -10,15 +10,15 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app import tracing
-from app.config import Limits, ModelSpec, TracingConfig, deployment_name
-from app.placement import CHAT_PROCESSOR_DEFAULTS
-from app.schemas import DetokenizeRequest, TokenizeRequest
+from app.api.schemas import DetokenizeRequest, TokenizeRequest
+from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
+from app.observe import tracing
+from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.serving.caller import Caller
 from app.serving.processing import APIRequest, Processor
 from app.serving.traced import traced_models
 
-from .errors import call_mapped
+from .error_mapping import call_mapped
 from .handles import by_value
 from .metrics import RayRequestObserver
 from .models import RemoteModels

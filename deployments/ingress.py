@@ -1,4 +1,4 @@
-"""The Ingress: the Starlette app of app/server.py, one complete deployment class per topology, chosen
+"""The Ingress: the Starlette app of app/http/server.py, one complete deployment class per topology, chosen
 by the builder.
 
 - `GraphIngress` (topology `graph`, the cluster's shape): HTTP, keys and SSE framing only; the processing
@@ -17,21 +17,21 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app import tracing
-from app.auth import KeyChecker, load_api_keys, require_keys
-from app.config import AuthConfig, Limits, ModelSpec, TracingConfig
-from app.placement import INGRESS_DEFAULTS
-from app.server import ServerSettings, build_http_app, model_cards
+from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
+from app.http.auth import KeyChecker, load_api_keys, require_keys
+from app.http.server import ServerSettings, build_http_app, model_cards
+from app.observe import tracing
+from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
 from app.serving.models import ModelState
 from app.serving.processing import Processing, Processor
 from app.serving.traced import traced_models, traced_processing
 
 from .chat_processor import RemoteProcessing
+from .engine_host import EngineHost
 from .metrics import RayRequestObserver
-from .model_host import ModelHost
 from .models import LocalModels
-from .placement import PlacementWatch, cluster_model_states
+from .placement_watch import PlacementWatch, cluster_model_states
 from .replica import replica_info
 
 logger = logging.getLogger("ray.serve")
@@ -83,7 +83,7 @@ class SingleIngress(_Front):
     def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
                  tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
-        self.models = LocalModels({spec.id: ModelHost(spec) for spec in specs})
+        self.models = LocalModels({spec.id: EngineHost(spec) for spec in specs})
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
                               per_key_cache=auth.cache_isolation == "per_key")
         self._serve(specs, limits, auth, processor, self._states)

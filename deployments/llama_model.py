@@ -6,13 +6,13 @@ from typing import Any
 
 from ray import serve
 
-from app import tracing
-from app.config import ModelSpec, TracingConfig
+from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
+from app.observe import tracing
 from app.serving.models import ModelState
 
 from . import model_status
-from .model_host import ModelHost
+from .engine_host import EngineHost
 from .replica import replica_info
 
 
@@ -20,7 +20,7 @@ from .replica import replica_info
 class LlamaModel:
     def __init__(self, spec: ModelSpec, tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
-        self.host = ModelHost(spec)
+        self.host = EngineHost(spec)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
         self._published: ModelState | None = None

@@ -2,7 +2,7 @@
 local tool should be.
 
 - Ray, Serve and the config's applications start in this process (what `serve run` does), with Serve's
-  proxy on a free port: the Ingress replica serves `http_options.port` itself (app/ray_env.py).
+  proxy on a free port: the Ingress replica serves `http_options.port` itself (app/ops/ray_env.py).
 - A deployment that cannot start (the port taken, keys required and missing, a config error) ends the
   run with the deployment's own message and exit status 1, instead of a driver that keeps running while
   nothing serves.

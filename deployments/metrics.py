@@ -19,7 +19,7 @@ from typing import Any
 from ray.serve import metrics
 
 from app.engine.timeline import Timeline
-from app.observe import RequestRecord
+from app.observe.request_records import RequestRecord
 
 _LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28]

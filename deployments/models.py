@@ -11,9 +11,9 @@ from ray.serve.handle import DeploymentHandle
 from app.engine.events import Event
 from app.engine.params import GenerationRequest
 
-from .errors import call_mapped, to_api_error
+from .engine_host import EngineHost
+from .error_mapping import call_mapped, to_api_error
 from .handles import by_value
-from .model_host import ModelHost
 from .relay import relay
 
 
@@ -21,7 +21,7 @@ class LocalModels:
     """Engines hosted in this process: no Ray hop at all. No Serve queue stands in front of them, so each
     host bounds its own waiting requests (503 past it)."""
 
-    def __init__(self, hosts: dict[str, ModelHost]) -> None:
+    def __init__(self, hosts: dict[str, EngineHost]) -> None:
         self.hosts = hosts
 
     async def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:

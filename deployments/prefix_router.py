@@ -1,5 +1,5 @@
 """The LlamaModel deployments' request router: Ray Serve's public RequestRouter API around the prefix
-choice of app/prefix_routing.py.
+choice of app/routing/prefix_routing.py.
 
 Serve builds one router per deployment handle, inside the caller's process (here the ChatProcessor
 replica that streams from the model, and the Ingress for its health and stats calls), so the prefix
@@ -22,7 +22,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 from ray.util import metrics
 
 from app.engine.params import GenerationRequest
-from app.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
+from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 
 logger = logging.getLogger("ray.serve")
 
@@ -56,7 +56,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """
 
     def initialize_state(self, **kwargs: Any) -> None:
-        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/prefix_routing.py).
+        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/routing/prefix_routing.py).
         # `llamaray check-config` refuses other keys; here they are only logged, since failing would fail
         # every request of this handle.
         unknown = sorted(set(kwargs) - ROUTER_KWARGS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .errors import to_api_error
+from .error_mapping import to_api_error
 
 
 async def relay(start: Callable[[], Any]) -> AsyncIterator[Any]:

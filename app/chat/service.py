@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from ..config import ModelSpec
+from ..api.errors import empty_reply
+from ..api.schemas import ChatCompletionRequest
+from ..config.settings import ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
-from ..errors import empty_reply
-from ..observe import RequestRecord
-from ..schemas import ChatCompletionRequest
+from ..observe.request_records import RequestRecord
+from ..prompt.tool_calling import resolve_reply_format
 from ..serving.lifecycle import RequestLifecycle
-from ..tool_calling import resolve_reply_format
 from .choices import ChoiceSplitter, merge
 from .plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body

@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
+from ..api.errors import EMPTY_REPLY, APIError
 from ..engine.events import Finished, Started
-from ..errors import EMPTY_REPLY, APIError
-from ..observe import RequestRecord
+from ..observe.request_records import RequestRecord
 
 
 class ReplyTally:

@@ -11,17 +11,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from .. import content_marks
+from ..prompt import content_marks
 from ..chat.choices import merge
 from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
 from ..chat.rounds import with_deadline
 from ..chat.tally import ReplyTally
-from ..config import Limits, ModelSpec
+from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.params import GenerationRequest
-from ..errors import APIError
-from ..observe import RequestRecord
-from ..schemas import CompletionRequest
+from ..api.errors import APIError
+from ..api.schemas import CompletionRequest
+from ..observe.request_records import RequestRecord
 from ..serving.lifecycle import RequestLifecycle
 from .responses import CompletionMaker, LegacyLogprobs, choice
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .. import content_marks
-from ..config import ModelSpec, place
-from ..errors import APIError, context_length_exceeded, internal_error, invalid_request
+from ..prompt import content_marks
+from ..config.settings import ModelSpec, place
+from ..api.errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware
 from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
@@ -54,7 +54,7 @@ class LlamaEngine:
     def __init__(self, spec: ModelSpec, publish: Publish = call_each) -> None:
         spec = place(spec)  # auto values not decided by the caller (a replica does): this node's cores, no GPU
         self.spec = spec
-        self.mc = LlamaModelContext(
+        self.llama = LlamaModelContext(
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
             n_threads=spec.n_threads, n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
             kv_unified=spec.kv_unified,
@@ -99,7 +99,7 @@ class LlamaEngine:
         at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
         self._check_fits(at_least, limit, exact=False)
         self._check_logprobs(req, at_least, limit, exact=False)
-        prompt = (self.mc.tokenize_prompt(req.prompt) or [self.mc.bos]) + list(req.continue_tokens)
+        prompt = (self.llama.tokenize_prompt(req.prompt) or [self.llama.bos]) + list(req.continue_tokens)
         self._check_fits(len(prompt), limit, exact=True)
         self._check_logprobs(req, len(prompt), limit, exact=True)
 
@@ -127,7 +127,7 @@ class LlamaEngine:
     def _fewest_tokens(self, prompt: str) -> int:
         """The fewest tokens `prompt` can make (0: not known for this vocabulary): its UTF-8 bytes over
         the longest token piece, our content marks not counted."""
-        longest = self.mc.longest_piece
+        longest = self.llama.longest_piece
         if not longest:
             return 0
         size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
@@ -142,7 +142,7 @@ class LlamaEngine:
 
     def _check_continuation(self, tokens: list[int]) -> None:
         """Token ids to continue from reach llama.cpp as they are: one outside the vocabulary aborts it."""
-        n_vocab = self.mc.n_vocab
+        n_vocab = self.llama.n_vocab
         for i, token in enumerate(tokens):
             if not 0 <= token < n_vocab:
                 raise invalid_request(f"Token id {token} (continue_tokens[{i}]) is not in the vocabulary of model "
@@ -177,17 +177,17 @@ class LlamaEngine:
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
-        return self.mc.tokenize_prompt(text, add_special)
+        return self.llama.tokenize_prompt(text, add_special)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids; an id outside the vocabulary is a 400 naming its place. Any thread."""
-        n_vocab = self.mc.n_vocab
+        n_vocab = self.llama.n_vocab
         for i, token in enumerate(tokens):
             if not 0 <= token < n_vocab:
                 raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
                                       f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=f"tokens[{i}]",
                                       code="invalid_token")
-        return self.mc.detokenize(tokens)
+        return self.llama.detokenize(tokens)
 
     def submit(self, gen: Generation) -> None:
         """Queue a prepared generation (the engine owns it from here). Any thread."""
@@ -232,7 +232,7 @@ class LlamaEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._batch.free()
-        self.mc.close()
+        self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -320,12 +320,12 @@ class LlamaEngine:
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
-        sampler = SamplerChain(self.mc, params)
+        sampler = SamplerChain(self.llama, params)
         if sampler.advance(req.continue_tokens):
             return sampler
         # A continued reply whose tokens do not fit the grammar: continue unconstrained.
         sampler.free()
-        sampler = SamplerChain(self.mc, replace(params, grammar=None))
+        sampler = SamplerChain(self.llama, replace(params, grammar=None))
         sampler.advance(req.continue_tokens)
         return sampler
 
@@ -369,17 +369,17 @@ class LlamaEngine:
     def _save_to_cache(self, slot: Slot, keep: int) -> None:
         """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
         if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens, slot.scope):
-            state, size = self.mc.seq_state(slot.index)
+            state, size = self.llama.seq_state(slot.index)
             if size:
                 self._prompt_cache.put(slot.tokens, state, size, slot.scope)
 
     def _restore(self, slot: int, entry: Entry, keep: int) -> int:
         """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
-        self.mc.seq_rm(slot, 0, -1)
-        if self.mc.set_seq_state(slot, entry.state, entry.size) and self.mc.seq_rm(slot, keep, -1):
+        self.llama.seq_rm(slot, 0, -1)
+        if self.llama.set_seq_state(slot, entry.state, entry.size) and self.llama.seq_rm(slot, keep, -1):
             self._prompt_cache.hits += 1
             return keep
-        self.mc.seq_rm(slot, 0, -1)
+        self.llama.seq_rm(slot, 0, -1)
         return 0
 
     def _keep_prefix(self, slot: int, source: int, reuse: int) -> int:
@@ -387,20 +387,20 @@ class LlamaEngine:
         the number actually kept. A KV edit llama.cpp refuses (recurrent or hybrid models cannot
         cut a sequence at a position) means the prefix is recomputed instead: 0."""
         if source == slot:
-            if self.mc.seq_rm(slot, reuse, -1):  # keep the shared prefix, drop the rest
+            if self.llama.seq_rm(slot, reuse, -1):  # keep the shared prefix, drop the rest
                 return reuse
         else:
             # In one unified pool the cells are shared; across per-slot streams llama.cpp copies
             # only whole streams (a partial copy aborts), so copy it all and trim.
-            self.mc.seq_rm(slot, 0, -1)
+            self.llama.seq_rm(slot, 0, -1)
             if reuse > 0 and self.spec.kv_unified:
-                self.mc.seq_cp(source, slot, 0, reuse)
+                self.llama.seq_cp(source, slot, 0, reuse)
                 return reuse
             if reuse > 0:
-                self.mc.seq_cp(source, slot, -1, -1)
-                if self.mc.seq_rm(slot, reuse, -1):
+                self.llama.seq_cp(source, slot, -1, -1)
+                if self.llama.seq_rm(slot, reuse, -1):
                     return reuse
-        self.mc.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds
+        self.llama.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds
         return 0
 
     # -- one step: build the batch, decode, sample -------------------------------------------------
@@ -408,7 +408,7 @@ class LlamaEngine:
         planned = self._fill_batch()
         if self._batch.n == 0:
             return
-        rc = decode(self.mc, self._batch)
+        rc = decode(self.llama, self._batch)
         self.steps += 1
         self.tokens_decoded += self._batch.n
         if rc != 0:
@@ -452,12 +452,12 @@ class LlamaEngine:
         cannot decode fails and the others go on. A failed decode may leave part of the batch in
         the KV, so every slot is first cut back to what it held before the step."""
         for slot, _ in planned:
-            self.mc.seq_rm(slot.index, slot.gen.n_past, -1)
+            self.llama.seq_rm(slot.index, slot.gen.n_past, -1)
         for slot, tokens in planned:
             gen = slot.gen
             self._batch.clear()
             self._put(slot, tokens, logits=gen.logits_at >= 0)
-            rc = decode(self.mc, self._batch)
+            rc = decode(self.llama, self._batch)
             if rc != 0:
                 log.error("llama_decode returned %d for request %s alone", rc, gen.request_id)
                 self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request.", logged=True))
@@ -501,15 +501,15 @@ class LlamaEngine:
         """Each prompt token's logprob, from the logits of the position before it."""
         k = gen.req.logprobs or 0
         if gen.n_past == 0:
-            gen.prompt_scores.append(TokenLogprob(self.mc.piece(gen.prompt[0]), None, ()))
+            gen.prompt_scores.append(TokenLogprob(self.llama.piece(gen.prompt[0]), None, ()))
         for j in range(len(tokens)):
             pos = gen.n_past + j + 1
             if pos < len(gen.prompt):
                 gen.prompt_scores.append(self._logprob(gen.scored_from + j, gen.prompt[pos], k))
 
     def _logprob(self, row: int, token: int, k: int) -> TokenLogprob:
-        lp, top = logprobs_at(self.mc, row, token, k)
-        return TokenLogprob(self.mc.piece(token), lp, tuple((self.mc.piece(t), v) for t, v in top))
+        lp, top = logprobs_at(self.llama, row, token, k)
+        return TokenLogprob(self.llama.piece(token), lp, tuple((self.llama.piece(t), v) for t, v in top))
 
     def _sample_or_fail(self, slot: Slot) -> None:
         try:
@@ -530,7 +530,7 @@ class LlamaEngine:
         gen = slot.gen
         token = gen.sampler.sample(gen.logits_at)
         gen.generated += 1
-        if self.mc.is_eog(token):
+        if self.llama.is_eog(token):
             self._finish(slot, "stop")
             return
         gen.last_token = token
@@ -539,7 +539,7 @@ class LlamaEngine:
             gen.token_ids.append(token)
         if gen.req.logprobs is not None:
             gen.pending_logprobs.append(self._logprob(gen.logits_at, token, gen.req.logprobs))
-        out, matched = gen.stop.feed(gen.decoder.decode(self.mc.piece(token)))
+        out, matched = gen.stop.feed(gen.decoder.decode(self.llama.piece(token)))
         if out:
             self._text(gen, out)
         if matched:
@@ -579,7 +579,7 @@ class LlamaEngine:
             slot.gen.sampler = None
         slot.vacate(keep_cache)
         if not keep_cache:
-            self.mc.seq_rm(slot.index, 0, -1)
+            self.llama.seq_rm(slot.index, 0, -1)
 
     def _fail_all(self, err: APIError) -> None:
         with self._cv:

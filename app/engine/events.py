@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Union
 
-from ..errors import APIError
+from ..api.errors import APIError
 
 
 class _Picklable:

@@ -18,8 +18,8 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from .. import content_marks
-from ..errors import invalid_request
+from ..api.errors import invalid_request
+from ..prompt import content_marks
 from .params import SamplingParams
 
 log = logging.getLogger("llamaray.llama")
@@ -220,30 +220,30 @@ class Batch:
             self.raw = None
 
 
-def decode(mc: LlamaModelContext, batch: Batch) -> int:
+def decode(llama: LlamaModelContext, batch: Batch) -> int:
     batch.raw.n_tokens = batch.n
-    return int(L.llama_decode(mc.ctx, batch.raw))
+    return int(L.llama_decode(llama.ctx, batch.raw))
 
 
-def greedy_token(mc: LlamaModelContext, tokens: list[int]) -> int:
+def greedy_token(llama: LlamaModelContext, tokens: list[int]) -> int:
     """Decode `tokens` as sequence 0 and return the most likely next token (the startup self-check)."""
     batch = Batch(len(tokens))
     smpl = L.llama_sampler_init_greedy()
     try:
         for i, token in enumerate(tokens):
             batch.add(token, i, 0, i == len(tokens) - 1)
-        if decode(mc, batch) != 0:
+        if decode(llama, batch) != 0:
             raise RuntimeError("llama_decode failed on the self-check prompt")
-        return int(L.llama_sampler_sample(smpl, mc.ctx, batch.n - 1))
+        return int(L.llama_sampler_sample(smpl, llama.ctx, batch.n - 1))
     finally:
         L.llama_sampler_free(smpl)
         batch.free()
 
 
-def logprobs_at(mc: LlamaModelContext, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+def logprobs_at(llama: LlamaModelContext, batch_index: int, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
     """`token`'s log-probability in the batch row `batch_index` (a log-softmax of the raw logits:
     the model's distribution before any sampler), and the `k` most likely tokens there."""
-    row = np.ctypeslib.as_array(L.llama_get_logits_ith(mc.ctx, batch_index), shape=(mc.n_vocab,))
+    row = np.ctypeslib.as_array(L.llama_get_logits_ith(llama.ctx, batch_index), shape=(llama.n_vocab,))
     peak = float(row.max())
     norm = peak + math.log(float(np.exp(row - peak).sum()))
     top: list[tuple[int, float]] = []
@@ -264,7 +264,7 @@ class GrammarTooSlow(RuntimeError):
 
 # A grammar's work per token (llama.cpp matching every candidate against its parse stacks) may take
 # GRAMMAR_ALLOWANCE_S; what it takes beyond adds up, and past GRAMMAR_EXCESS_BUDGET_S the request fails.
-# Every stream of the replica waits for it each step: the static bounds (app/gbnf_check.py) keep grammars
+# Every stream of the replica waits for it each step: the static bounds (app/grammar/gbnf_check.py) keep grammars
 # that start slow out, this catches those whose ambiguity grows with the reply ("a"|"aa" repeated: 1.2 s a
 # token after 100 tokens), which no static bound can see. A plain `.*` grammar costs 10-35 ms here.
 GRAMMAR_ALLOWANCE_S = 0.1
@@ -290,8 +290,8 @@ class _Candidates:
 class SamplerChain:
     """A request's private sampler chain (its own RNG seeded from the request's seed)."""
 
-    def __init__(self, mc: LlamaModelContext, p: SamplingParams) -> None:
-        self.mc = mc
+    def __init__(self, llama: LlamaModelContext, p: SamplingParams) -> None:
+        self.llama = llama
         self.params = p
         self._candidates: _Candidates | None = None
         self.grammar_excess_s = 0.0  # the grammar's time past its allowance, summed over the reply
@@ -299,9 +299,9 @@ class SamplerChain:
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.logit_bias:
             biases = (L.llama_logit_bias * len(p.logit_bias))(*[L.llama_logit_bias(t, b) for t, b in p.logit_bias])
-            add(L.llama_sampler_init_logit_bias(L.llama_vocab_n_tokens(mc.vocab), len(p.logit_bias), biases))
+            add(L.llama_sampler_init_logit_bias(L.llama_vocab_n_tokens(llama.vocab), len(p.logit_bias), biases))
         if p.grammar:
-            g = L.llama_sampler_init_grammar(mc.vocab, p.grammar.encode(), b"root")
+            g = L.llama_sampler_init_grammar(llama.vocab, p.grammar.encode(), b"root")
             if not g:
                 # A malformed grammar is the client's 400, never a crash.
                 self.free()
@@ -310,7 +310,7 @@ class SamplerChain:
                                       param="grammar", code="invalid_grammar")
             add(g)
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(mc.vocab), p.penalty_last_n,
+            add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(llama.vocab), p.penalty_last_n,
                                                p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
         if p.temperature <= 0:
             add(L.llama_sampler_init_greedy())
@@ -336,7 +336,7 @@ class SamplerChain:
             for token in tokens:
                 L.llama_sampler_accept(self.chain, token)
             return True
-        checker = L.llama_sampler_init_grammar(self.mc.vocab, grammar.encode(), b"root")
+        checker = L.llama_sampler_init_grammar(self.llama.vocab, grammar.encode(), b"root")
         if not checker:
             return False
         one = (L.llama_token_data * 1)()
@@ -358,7 +358,7 @@ class SamplerChain:
         if self.params.grammar:
             return self._sample_checked(batch_index)
         # llama_sampler_sample also accepts the token into every sampler (grammar, penalties).
-        return int(L.llama_sampler_sample(self.chain, self.mc.ctx, batch_index))
+        return int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
 
     def _sample_checked(self, batch_index: int) -> int:
         """llama_sampler_sample's steps, with a check between them. When a grammar leaves no token
@@ -366,8 +366,8 @@ class SamplerChain:
         llama.cpp throws through its C API: std::terminate, the whole replica gone. Here the request
         fails instead. Costs one copy of the logits per token, for grammar requests only."""
         if self._candidates is None:
-            self._candidates = _Candidates(L.llama_vocab_n_tokens(self.mc.vocab))
-        cur = self._candidates.load(L.llama_get_logits_ith(self.mc.ctx, batch_index))
+            self._candidates = _Candidates(L.llama_vocab_n_tokens(self.llama.vocab))
+        cur = self._candidates.load(L.llama_get_logits_ith(self.llama.ctx, batch_index))
         started = time.perf_counter()
         L.llama_sampler_apply(self.chain, ctypes.byref(cur))
         chosen = cur.selected

@@ -58,7 +58,7 @@ class GenerationRequest:
     # generated tokens x n x (1 + logprobs), counted before it is queued. None: no bound. Planning gives
     # each generation its share of Limits.max_logprob_entries.
     max_logprob_entries: int | None = None
-    # W3C trace context of the span this generation runs under (app/tracing.py); None when not traced.
+    # W3C trace context of the span this generation runs under (app/observe/tracing.py); None when not traced.
     traceparent: str | None = None
 
     def choice_seed(self, index: int) -> int | None:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ModelSpec, place
+from ..config.settings import ModelSpec, place
 from . import hardware
 
 log = logging.getLogger("llamaray.selfcheck")
@@ -98,13 +98,13 @@ def _child() -> None:
     info = hardware.system_info()
     extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
     print(json.dumps({"system_info": info}), flush=True)  # survives a crash below
-    mc = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
+    llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                            n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
                            n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra)
     try:
-        token = greedy_token(mc, mc.tokenize("Hello"))
+        token = greedy_token(llama, llama.tokenize("Hello"))
     finally:
-        mc.close()
+        llama.close()
     print(json.dumps({"ok": True, "system_info": info, "extra_buffers": extra, "token": token}), flush=True)
 
 

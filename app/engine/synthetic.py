@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ModelSpec
-from ..errors import APIError, context_length_exceeded, invalid_request
+from ..api.errors import APIError, context_length_exceeded, invalid_request
+from ..config.settings import ModelSpec
 from .events import Event, Failed, Finished, Started, Text
 from .params import GenerationRequest
 from .slots import Sink
@@ -42,7 +42,7 @@ WORDS = ("the ", "model ", "serves ", "many ", "streams ", "at ", "once ", "and 
 @dataclass(frozen=True)
 class SyntheticRates:
     """How fast the pretended accelerator is: prefill tokens per second, and the duration of one decode
-    step (ms) measured at a few batch sizes (sequences decoding together). The preset (app/config.py
+    step (ms) measured at a few batch sizes (sequences decoding together). The preset (app/config/settings.py
     SYNTHETIC_PRESETS, `h200-smollm2-135m`) is the SmolLM2-135M Q4_1 engine on one H200 in `make gpu-check`:
     735, 2583 and 3368 tok/s with 1, 16 and 64 sequences, i.e. steps of 1.36, 6.19 and 19.0 ms. Prefill was
     not measured there: its 50,000 tok/s is an assumption (prompts of a few dozen tokens make it matter little)."""

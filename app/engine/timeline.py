@@ -1,6 +1,6 @@
 """One generation's moments as its model replica sees them: arrival, admission to a slot (the engine's own
 measure of the wait), first text, end, for each choice. Read at the end for the metrics under vLLM's names
-(deployments/metrics.py) and the model tier's spans (app/tracing.py).
+(deployments/metrics.py) and the model tier's spans (app/observe/tracing.py).
 
 Each choice counts as one request, as vLLM counts the n children of a request: its own first token, end,
 tokens and finish reason, the shared prompt counted with each."""

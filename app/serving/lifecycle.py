@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..config import Limits, ModelSpec
+from ..api.errors import invalid_request, model_not_found
+from ..api.schemas import ChatCompletionRequest, CompletionRequest
+from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
 from ..engine.params import GenerationRequest
-from ..errors import invalid_request, model_not_found
-from ..observe import NullObserver, RequestObserver, RequestRecord
-from ..schemas import ChatCompletionRequest, CompletionRequest
-from ..tracing import traced
+from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
+from ..observe.tracing import traced
 from .caller import ANONYMOUS, Caller, cache_scope
 
 T = TypeVar("T")

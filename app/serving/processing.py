@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, Union
 
-from .. import tracing
+from ..observe import tracing
 from ..chat import ChatService
 from ..completions import CompletionService
-from ..config import Limits, ModelSpec
-from ..observe import NullObserver, RequestObserver
-from ..schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from ..tokens import TokenService
+from ..config.settings import Limits, ModelSpec
+from ..observe.request_records import NullObserver, RequestObserver
+from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 

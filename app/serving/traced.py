@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from .. import tracing
+from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..engine.events import Event
 from ..engine.params import GenerationRequest
-from ..schemas import DetokenizeRequest, TokenizeRequest
+from ..observe import tracing
 from .caller import Caller
 from .models import Models
 from .processing import APIRequest, Processing

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
+from app.api.errors import APIError
+from app.api.schemas import ChatCompletionRequest, parse_chat_request
 from app.chat import ChatService
 from app.chat.plan import sampling_from
-from app.chat_template import render_prompt
 from app.engine import GenerationRequest
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.errors import APIError
-from app.schemas import ChatCompletionRequest, parse_chat_request
+from app.prompt.chat_template import render_prompt
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
 
@@ -50,7 +50,7 @@ def payload(bundled_spec, **fields) -> ChatCompletionRequest:
 
 
 def expected_prompt_tokens(engine, bundled_spec, messages) -> int:
-    return len(engine.mc.tokenize(render_prompt(bundled_spec.chat_template, messages)))
+    return len(engine.llama.tokenize(render_prompt(bundled_spec.chat_template, messages)))
 
 
 async def collect(stream) -> list[dict[str, Any]]:

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
+from app.api.schemas import parse_chat_request
 from app.chat import ChatService
 from app.chat.plan import plan_request
 from app.chat.rounds import continuation_room
 from app.chat.tally import ReplyTally
-from app.config import Limits
+from app.config.settings import Limits
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.schemas import parse_chat_request
-from app.tool_calling import resolve_reply_format
+from app.prompt.tool_calling import resolve_reply_format
 from tests.support.events import EventBox, run_until_idle, wait_idle
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,7 +128,7 @@ def test_a_forced_call_cut_by_max_tokens_is_continued_on_the_engine(engine, bund
 
 
 def test_engine_continues_after_the_given_ids_reusing_their_kv(engine, bundled_spec):
-    from app.chat_template import render_prompt
+    from app.prompt.chat_template import render_prompt
 
     prompt = render_prompt(bundled_spec.chat_template, [{"role": "user", "content": "Count from one to twenty."}])
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from app.api.errors import APIError, error_body
+from app.api.schemas import parse_chat_request
 from app.chat import ChatService
 from app.engine.events import Finished, Started, Text
-from app.errors import APIError, error_body
-from app.observe import RequestRecord
-from app.schemas import parse_chat_request
+from app.observe.request_records import RequestRecord
 from tests.support.openapi_spec import assert_valid
 
 

@@ -9,22 +9,22 @@ from typing import Any
 
 import pytest
 
-from app.chat.plan import plan_request
-from app.completions import CompletionService
-from app.config import Limits
-from app.engine.events import Finished, PromptLogprobs, Started, Text, TokenLogprob
-from app.engine.params import GenerationRequest
-from app.errors import APIError
-from app.observe import RequestRecord
-from app.schemas import (
+from app.api.errors import APIError
+from app.api.schemas import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
     parse_chat_request,
     parse_request,
 )
-from app.tokens import TokenService
-from app.tool_calling import resolve_reply_format
+from app.chat.plan import plan_request
+from app.completions import CompletionService
+from app.config.settings import Limits
+from app.engine.events import Finished, PromptLogprobs, Started, Text, TokenLogprob
+from app.engine.params import GenerationRequest
+from app.observe.request_records import RequestRecord
+from app.prompt.tokens import TokenService
+from app.prompt.tool_calling import resolve_reply_format
 from tests.support.openapi_spec import assert_valid_completion
 
 MODEL = "m"
@@ -39,7 +39,7 @@ def spec(bundled_spec_like):
 
 @pytest.fixture
 def bundled_spec_like():
-    from app.config import ModelSpec
+    from app.config.settings import ModelSpec
 
     return ModelSpec(id=MODEL, path="/nonexistent.gguf", n_ctx=512, n_seq_max=4, n_batch=64, n_threads=1,
                      n_threads_batch=1, n_gpu_layers=0, kv_unified=True, cpu_extra_buffers="auto",

@@ -9,8 +9,7 @@ import struct
 import pytest
 import yaml
 
-from app.cli import main as cli_main
-from app.config import (
+from app.config.settings import (
     AppArgs,
     ConfigError,
     ModelConfig,
@@ -19,7 +18,8 @@ from app.config import (
     resolve_model,
     resolve_path,
 )
-from app.config_overlay import merge
+from app.ops.cli import main as cli_main
+from app.ops.config_overlay import merge
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "serve_config.yaml"

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.admission import admissible
 from app.engine.events import Event, Failed, Finished, Started
+from app.prompt.chat_template import render_prompt
 from tests.support.events import run_until_idle, wait_idle
 
 pytestmark = pytest.mark.timeout(300)

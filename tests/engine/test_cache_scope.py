@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from app.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.prompt_cache import PromptCache
 from app.engine.stream import generate_stream
+from app.prompt.chat_template import render_prompt
 from tests.support.events import run_until_idle
 
 pytestmark = pytest.mark.timeout(300)

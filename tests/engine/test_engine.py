@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Event, Failed, Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.errors import APIError
+from app.api.errors import APIError
 from tests.support.events import assert_same_distribution, run_until_idle as run
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).
@@ -143,7 +143,7 @@ def test_max_tokens_gives_length_and_exact_count(engine, story, n):
 
 def test_prompt_tokens_match_tokenizer(engine, story):
     r = run(engine, generate(engine, request(story, 2, **GREEDY)))
-    expected = len(engine.mc.tokenize(story))
+    expected = len(engine.llama.tokenize(story))
     assert expected > 20
     assert r.start.prompt_tokens == expected
     assert r.end.prompt_tokens == expected
@@ -186,7 +186,7 @@ def test_prompt_longer_than_context_rejected_by_prepare(engine):
     assert err.code == "context_length_exceeded"
     assert err.param == "messages"
     assert "1024" in err.message
-    assert str(len(engine.mc.tokenize(long_prompt))) in err.message
+    assert str(len(engine.llama.tokenize(long_prompt))) in err.message
     assert calls == []
     after = engine.stats()
     assert after["waiting"] == 0 and after["running"] == 0
@@ -195,7 +195,7 @@ def test_prompt_longer_than_context_rejected_by_prepare(engine):
 
 def test_prompt_plus_max_tokens_over_context(engine, short):
     calls, sink = _recording_sink()
-    n = len(engine.mc.tokenize(short))
+    n = len(engine.llama.tokenize(short))
     with pytest.raises(APIError) as info:
         engine.prepare(request(short, 1024 - n + 1), sink)
     assert info.value.status == 400
@@ -269,7 +269,7 @@ def test_four_concurrent_requests(engine, bundled_spec):
     results, peak = run(engine, go())
     assert peak == 4, "the four requests should be decoded together"
     for r, p, n in zip(results, prompts, limits):
-        assert r.start.prompt_tokens == len(engine.mc.tokenize(p))
+        assert r.start.prompt_tokens == len(engine.llama.tokenize(p))
         assert r.end.finish_reason == "length"
         assert r.end.completion_tokens == n
         assert r.text_tokens == n
@@ -371,7 +371,7 @@ def test_prefix_reuse_with_extended_prompt(engine, bundled_spec):
     p2 = render_prompt(bundled_spec.chat_template, base + [{"role": "assistant", "content": r1.text},
                                                           {"role": "user", "content": "Another one."}])
     r2 = run(engine, generate(engine, request(p2, 6, **GREEDY)))
-    assert r2.start.cached_tokens >= len(engine.mc.tokenize(p1)) - 1
+    assert r2.start.cached_tokens >= len(engine.llama.tokenize(p1)) - 1
     assert r2.end.completion_tokens <= 6
 
 
@@ -426,15 +426,15 @@ def test_generation_request_and_events_cross_a_ray_hop_as_they_are():
 # ---- logit_bias --------------------------------------------------------------------------------
 
 def test_logit_bias_forces_and_bans_tokens(engine, short):
-    banana = engine.mc.tokenize(" banana", add_special=False)[0]
+    banana = engine.llama.tokenize(" banana", add_special=False)[0]
     forced = run(engine, generate(engine, request(short, max_tokens=3, temperature=0.0,
                                                   logit_bias=[(banana, 100.0)])))
     assert forced.text == " banana" * 3
     plain = run(engine, generate(engine, request(short, max_tokens=4, temperature=0.0)))
-    first = engine.mc.tokenize(plain.text, add_special=False)[0]
+    first = engine.llama.tokenize(plain.text, add_special=False)[0]
     banned = run(engine, generate(engine, request(short, max_tokens=4, temperature=0.0,
                                                   logit_bias=[(first, -100.0)])))
-    assert engine.mc.tokenize(banned.text, add_special=False)[0] != first
+    assert engine.llama.tokenize(banned.text, add_special=False)[0] != first
 
 
 # ---- grammars no token can satisfy -------------------------------------------------------------

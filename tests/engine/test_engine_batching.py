@@ -3,9 +3,9 @@ that shares a prefix with a busy slot copies that slot's KV."""
 
 from __future__ import annotations
 
-from app.chat_template import render_prompt
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
+from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, assert_same_distribution
 
 
@@ -40,7 +40,7 @@ def test_shared_system_prompt_is_copied_from_a_busy_slot(bundled_spec):
         a = render_prompt(bundled_spec.chat_template, [system, {"role": "user", "content": "Tell a long story."}])
         b = render_prompt(bundled_spec.chat_template, [system, {"role": "user", "content": "Name a color."}])
         shared = 0
-        ta, tb = eng.mc.tokenize(a), eng.mc.tokenize(b)
+        ta, tb = eng.llama.tokenize(a), eng.llama.tokenize(b)
         while ta[shared] == tb[shared]:
             shared += 1
         box_a = _submit(eng, "a", a, 200)

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.api.errors import APIError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, PromptLogprobs, Started, Text
-from app.errors import APIError
+from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.api.errors import APIError
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Failed, Finished
-from app.errors import APIError
 from tests.support.events import EventBox
 
 
@@ -38,15 +38,15 @@ def test_a_sequence_llama_cpp_cannot_decode_fails_alone(bundled_spec, monkeypatc
     eng = LlamaEngine(bundled_spec).start()
     try:
         real = engine_mod.decode
-        poison = eng.mc.tokenize(" zebra", add_special=False)[0]
+        poison = eng.llama.tokenize(" zebra", add_special=False)[0]
         seen = {"batches": 0, "alone": 0}
 
-        def failing_on_poison(mc, batch):
+        def failing_on_poison(llama, batch):
             tokens = [batch.raw.token[i] for i in range(batch.n)]
             if poison in tokens:
                 seen["batches" if len(set(batch.raw.seq_id[i][0] for i in range(batch.n))) > 1 else "alone"] += 1
                 return -1
-            return real(mc, batch)
+            return real(llama, batch)
 
         monkeypatch.setattr(engine_mod, "decode", failing_on_poison)
         bad, good = EventBox(), EventBox()
@@ -76,8 +76,8 @@ def test_a_prefix_the_kv_cache_cannot_cut_is_recomputed(bundled_spec, monkeypatc
 
         cold = run("cold")
         assert run("warm")[0] > 0  # normally the prefix is reused
-        real_rm = eng.mc.seq_rm
-        monkeypatch.setattr(eng.mc, "seq_rm", lambda seq, p0, p1=-1: real_rm(seq, p0, p1) if p0 == 0 else False)
+        real_rm = eng.llama.seq_rm
+        monkeypatch.setattr(eng.llama, "seq_rm", lambda seq, p0, p1=-1: real_rm(seq, p0, p1) if p0 == 0 else False)
         cached, kind, text = run("recurrent")
         assert (cached, kind, text) == (0, "Finished", cold[2])
     finally:

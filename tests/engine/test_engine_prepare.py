@@ -13,12 +13,12 @@ import uuid
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.api.errors import APIError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Finished
 from app.engine.stream import generate_stream
-from app.errors import APIError
+from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
 
 pytestmark = pytest.mark.timeout(300)
@@ -62,9 +62,9 @@ def test_sampler_chains_are_built_in_prepare_never_on_the_decode_thread(engine, 
     built_on = []
     real = engine_mod.SamplerChain
 
-    def recording(mc, params):
+    def recording(llama, params):
         built_on.append(threading.current_thread().name)
-        return real(mc, params)
+        return real(llama, params)
 
     monkeypatch.setattr(engine_mod, "SamplerChain", recording)
     box = EventBox(3)
@@ -156,17 +156,17 @@ TEXTS = ["hello " * 300, "x" * 2000, "日本語のテキスト" * 100, "<|im_sta
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_the_size_bound_never_exceeds_the_token_count(engine, text):
-    longest = engine.mc.longest_piece
+    longest = engine.llama.longest_piece
     assert longest and longest >= 1
     n_bytes = len(text.encode())
-    assert -(-n_bytes // longest) <= len(engine.mc.tokenize_prompt(text))
+    assert -(-n_bytes // longest) <= len(engine.llama.tokenize_prompt(text))
 
 
 def test_a_prompt_whose_size_proves_it_too_long_is_refused_without_tokenizing(engine, monkeypatch):
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized")
 
-    monkeypatch.setattr(engine.mc, "tokenize_prompt", no_tokenizing)
+    monkeypatch.setattr(engine.llama, "tokenize_prompt", no_tokenizing)
     huge = "word " * (1 << 20)  # 5 MiB
     t0 = time.perf_counter()
     with pytest.raises(APIError) as err:
@@ -177,7 +177,7 @@ def test_a_prompt_whose_size_proves_it_too_long_is_refused_without_tokenizing(en
     assert "1024" in e.message and "at least" in e.message
     # prompt plus completion: the same
     with pytest.raises(APIError) as err:
-        engine.prepare(_request("w" * (1000 * engine.mc.longest_piece), 200), EventBox())
+        engine.prepare(_request("w" * (1000 * engine.llama.longest_piece), 200), EventBox())
     assert err.value.code == "context_length_exceeded"
     assert engine.stats()["waiting"] == 0
 
@@ -185,7 +185,7 @@ def test_a_prompt_whose_size_proves_it_too_long_is_refused_without_tokenizing(en
 def test_a_prompt_near_the_limit_is_still_tokenized_and_counted(engine):
     # Its size does not prove it too long: the exact count decides.
     text = "hello " * 900
-    n = len(engine.mc.tokenize_prompt(text))
+    n = len(engine.llama.tokenize_prompt(text))
     assert n < 1024
     gen = engine.prepare(_request(text, 1024 - n), EventBox())
     engine.discard(gen)
@@ -224,8 +224,8 @@ def test_a_long_scored_prompt_past_the_share_is_refused_without_tokenizing(engin
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized")
 
-    monkeypatch.setattr(engine.mc, "tokenize_prompt", no_tokenizing)
-    prompt = "x" * (engine.mc.longest_piece * 200)  # at least 200 tokens, within the context
+    monkeypatch.setattr(engine.llama, "tokenize_prompt", no_tokenizing)
+    prompt = "x" * (engine.llama.longest_piece * 200)  # at least 200 tokens, within the context
     with pytest.raises(APIError) as err:
         engine.prepare(_lp_request(prompt, 0, 20, 65536 // 128, echo=True), EventBox())
     assert err.value.code == "logprobs_too_large" and "at least" in err.value.message

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat_template import render_prompt
+from app.api.errors import APIError
 from app.engine import GenerationRequest
-from app.errors import APIError
+from app.prompt.chat_template import render_prompt
 
 TEXT = "Plain text, with accents (héllo), CJK (日本語) and spaces  twice."
 
@@ -30,7 +30,7 @@ def test_round_trip(engine):
 
 
 def test_add_special_false_never_adds_bos(engine):
-    assert engine.tokenize(TEXT, add_special=False)[0] != engine.mc.bos or not engine.mc.add_bos
+    assert engine.tokenize(TEXT, add_special=False)[0] != engine.llama.bos or not engine.llama.add_bos
 
 
 @pytest.mark.parametrize("bad", [-1, 49152, 2**40])

@@ -94,7 +94,7 @@ def _one_slot_engine(spec, cache_mib: float):
 
 
 def _a_b_a(spec, cache_mib: float):
-    from app.chat_template import render_prompt
+    from app.prompt.chat_template import render_prompt
 
     a, b = (render_prompt(spec.chat_template, [{"role": "user", "content": q}]) for q in QUESTIONS)
     engine = _one_slot_engine(spec, cache_mib)

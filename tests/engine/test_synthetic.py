@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
-from app.config import ModelConfig, SyntheticSettings, resolve_model
+from app.config.settings import ModelConfig, SyntheticSettings, resolve_model
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.engine.synthetic import SyntheticEngine, SyntheticRates
 from app.engine.stream import publish_to_loops
-from app.errors import APIError
+from app.api.errors import APIError
 
 
 @pytest.fixture

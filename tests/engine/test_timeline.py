@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from app.api.errors import internal_error
 from app.engine.events import Finished, Started, Text
 from app.engine.params import GenerationRequest, SamplingParams
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
-from app.errors import internal_error
 from tests.support.events import run_until_idle
 
 # Letters only, more than the generations below may spell: each is cut at max_tokens.

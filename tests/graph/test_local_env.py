@@ -1,5 +1,5 @@
 """The graph as `make run` starts it (`llamaray serve-local`, `topology: single`): Ray Serve with
-app/ray_env.py's settings, one Ingress replica that renders prompts and runs the models' engines itself
+app/ops/ray_env.py's settings, one Ingress replica that renders prompts and runs the models' engines itself
 and serves HTTP on the config's port without Serve's proxy in between. What only this shape has: the
 port, the engines' own admission bound, a killed replica coming back on the same port."""
 
@@ -102,7 +102,7 @@ def test_disconnects_free_the_engine_slots(cluster):
 
 
 def test_overload_is_an_openai_503_and_accepted_requests_complete(cluster):
-    # 4 slots and up to 4 waiting per slot (deployments/model_host.py): of 40 at once, some are refused.
+    # 4 slots and up to 4 waiting per slot (deployments/engine_host.py): of 40 at once, some are refused.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16}
 
     def one(_):

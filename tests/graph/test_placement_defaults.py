@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from app.config import deployment_name
+from app.config.settings import deployment_name
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from app.config import deployment_name
+from app.config.settings import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
 
 pytestmark = pytest.mark.timeout(600)

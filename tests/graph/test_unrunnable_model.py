@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from app.config import deployment_name
+from app.config.settings import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 

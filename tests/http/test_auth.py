@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from app.auth import KeyChecker, MissingKeys, load_api_keys, require_keys
-from app.server import ModelCard, ServerSettings, build_http_app, route_path
+from app.http.auth import KeyChecker, MissingKeys, load_api_keys, require_keys
+from app.http.server import ModelCard, ServerSettings, build_http_app, route_path
 
 KEY = "sk-test-" + "k" * 24
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.auth import KeyChecker
-from app.errors import APIError
-from app.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
-from app.server import ModelCard, ServerSettings, build_http_app
+from app.api.errors import APIError
+from app.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
+from app.http.auth import KeyChecker
+from app.http.server import ModelCard, ServerSettings, build_http_app
 from tests.support.openapi_spec import assert_valid, assert_valid_completion
 
 KEY = "sk-test-" + "c" * 24

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from app.keepalive import TICK, with_ticks
-from app.sse import KEEPALIVE, frame_stream
+from app.http.keepalive import TICK, with_ticks
+from app.http.sse import KEEPALIVE, frame_stream
 
 INTERVAL = 0.05
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.errors import APIError, context_length_exceeded, invalid_request
-from app.schemas import ChatCompletionRequest
-from app.server import ModelCard, build_http_app
+from app.api.errors import APIError, context_length_exceeded, invalid_request
+from app.api.schemas import ChatCompletionRequest
+from app.http.server import ModelCard, build_http_app
 from app.serving.caller import Caller
 from app.serving.health import HealthCache
 from app.serving.models import LOADING, READY, ModelState

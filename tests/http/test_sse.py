@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from app.errors import APIError, error_body
-from app.sse import DONE, SSE_HEADERS, encode_event, frame_stream
+from app.api.errors import APIError, error_body
+from app.http.sse import DONE, SSE_HEADERS, encode_event, frame_stream
 
 
 def collect(events, on_error=lambda exc: {"error": {"message": str(exc)}}) -> bytes:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.errors import context_length_exceeded, invalid_request
-from app.server import ModelCard, ServerSettings, build_http_app
+from app.api.errors import context_length_exceeded, invalid_request
+from app.http.server import ModelCard, ServerSettings, build_http_app
 from tests.support.openapi_spec import assert_valid
 
 URL = "/v1/chat/completions"

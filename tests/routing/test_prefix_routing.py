@@ -1,4 +1,4 @@
-"""The prefix-aware replica choice (app/prefix_routing.py) with made-up replica loads: no Ray."""
+"""The prefix-aware replica choice (app/routing/prefix_routing.py) with made-up replica loads: no Ray."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from app.prefix_routing import (
+from app.routing.prefix_routing import (
     PrefixRecord,
     PrefixRouter,
     ReplicaLoad,

@@ -13,11 +13,11 @@ import pytest
 
 from app.chat import ChatService
 from app.completions import CompletionService
-from app.config import Limits, ModelSpec
+from app.api.errors import APIError
+from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
+from app.config.settings import Limits, ModelSpec
 from app.engine.events import Finished, Started, Text
-from app.errors import APIError
-from app.observe import RequestRecord
-from app.schemas import CompletionRequest, parse_chat_request, parse_request
+from app.observe.request_records import RequestRecord
 from app.serving.lifecycle import recording
 
 MODEL = "m"

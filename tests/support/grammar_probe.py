@@ -103,7 +103,7 @@ class GrammarProbe:
 def _serve(headroom_mib: int) -> None:
     import llama_cpp as L
 
-    from app.config import resolve_path
+    from app.config.settings import resolve_path
     from app.engine.llama import init_backend
 
     init_backend()

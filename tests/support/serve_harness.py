@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import yaml
 
-from app.config_overlay import merge, without_unused_deployments
-from app.ray_env import local_ray_env
+from app.ops.config_overlay import merge, without_unused_deployments
+from app.ops.ray_env import local_ray_env
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -155,7 +155,7 @@ class ServeCluster:
 
     def model_stats(self, model: str) -> dict[str, Any]:
         """`model`'s engine stats: from the Ingress that runs it (topology single), or its LlamaModel replica."""
-        from app.config import deployment_name
+        from app.config.settings import deployment_name
 
         if self.topology == "single":
             return self.handle("Ingress").model_stats.remote(model).result()
@@ -163,7 +163,7 @@ class ServeCluster:
 
     def deployments(self) -> list[str]:
         """The app's deployments, as the topology has them."""
-        from app.config import deployment_name
+        from app.config.settings import deployment_name
 
         if self.topology == "single":
             return ["Ingress"]

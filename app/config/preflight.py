@@ -1,0 +1,15 @@
+"""Checks a model spec must pass before the app is built (builder and `llamaray check-config`)."""
+
+from __future__ import annotations
+
+from ..prompt.chat_template import check_template
+from ..prompt.tool_calling import resolve_reply_format
+from .settings import ConfigError, ModelSpec
+
+
+def preflight(spec: ModelSpec) -> None:
+    try:
+        check_template(spec.chat_template)
+        resolve_reply_format(spec.chat_template, spec.reasoning_parser, spec.tool_parser)
+    except ValueError as exc:
+        raise ConfigError(f"model {spec.id!r}: {exc}") from None

@@ -1,0 +1,385 @@
+"""The HTTP surface (Starlette): authenticate, validate, pick the model, hand off to the processing, frame SSE.
+
+Kept thin on purpose: no per-token work beyond SSE framing happens here. The processing (the
+ChatProcessor deployment over a Ray handle, the same code in this process, a fake in unit tests) does
+prompt and reply work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..observe import tracing
+from .auth import KeyChecker
+from ..api.errors import (
+    APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
+)
+from .keepalive import Tick, with_ticks
+from ..api.openapi import openapi_document
+from ..api.schemas import (
+    CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
+)
+from ..serving.caller import ANONYMOUS, Caller
+from ..serving.health import HealthCache, health_body
+from ..serving.models import READY, ModelState
+from ..serving.processing import Processing
+from .sse import SSE_HEADERS, frame_stream
+
+log = logging.getLogger("llamaray.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    keys: KeyChecker = KeyChecker(())
+    stream_keepalive_s: float = 15.0  # 0: no keep-alive comments, headers wait for the model
+
+
+# How long an accepted stream waits for the model before its headers go out: errors the model finds
+# at once (prompt past the context) keep their HTTP status, a queued request is not left headerless.
+HEADER_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    id: str
+    owned_by: str = "llamaray"
+    created: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
+
+
+def log_server_error(exc: BaseException) -> None:
+    """Every 5xx the server sends, in its log once: an unexpected exception with its traceback, an APIError
+    (a condition: overloaded, timeout, a replica gone) as one line, unless it was logged where it was made."""
+    api = as_api_error(exc)
+    if api is None:
+        log.error("unhandled error: %r", exc, exc_info=exc)
+    elif api.status >= 500 and not api.logged:
+        log.warning("%d %s: %s", api.status, api.code, api.message)
+        api.logged = True
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    log_server_error(exc)
+    api = as_api_error(exc)
+    return JSONResponse(body, status_code=status, headers=api.headers if api else None)
+
+
+def error_event(exc: BaseException) -> dict[str, Any]:
+    """The error event that ends a stream already under way."""
+    log_server_error(exc)
+    return error_body(exc)[1]
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes without reading them all into memory."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise payload_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise payload_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _structure_problem(value: Any, limit: int) -> str | None:
+    """What makes a parsed body unusable, checked in one pass: nesting past `limit`, or a string
+    holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is not text and cannot be encoded."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "The JSON body contains a lone UTF-16 surrogate (e.g. \\ud800), which is not valid text."
+            continue
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return f"The JSON body is nested too deeply (at most {limit} levels)."
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, str)))
+    return None
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    raw = await _read_body(request, limit)
+    try:
+        # NaN/Infinity are not JSON, whatever Python's parser accepts by default.
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid_request(f"The JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request: {exc}. "
+            "The body must be valid JSON (Content-Type: application/json)."
+        ) from None
+    problem = _structure_problem(value, MAX_JSON_DEPTH)
+    if problem:
+        raise invalid_request(problem)
+    return value
+
+
+def caller_of(request: Request) -> Caller | None:
+    """Who sent the request, as the key middleware found it (None: no valid key on an open route), with the
+    request's trace context when it is traced."""
+    state = request.scope.get("state", {})
+    caller = state.get(CALLER_STATE, ANONYMOUS)
+    traceparent = state.get(TRACE_STATE)
+    return replace(caller, traceparent=traceparent) if caller is not None and traceparent else caller
+
+
+class Endpoints:
+    """The route handlers, over the processing, the models' health, their cards and the server's settings."""
+
+    def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
+                 settings: ServerSettings) -> None:
+        self.processing = processing
+        self.health_cache = health
+        self.cards = {m.id: m for m in models}
+        self.settings = settings
+        self.spec = openapi_document()
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat_request)
+
+    async def completions(self, request: Request) -> Response:
+        """OpenAI's legacy text completions."""
+        return await self._generate(request, lambda body: parse_request(CompletionRequest, body))
+
+    async def _generate(self, request: Request, parse: Callable[[Any], Any]) -> Response:
+        try:
+            req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
+            caller = caller_of(request) or ANONYMOUS
+            if not req.stream:
+                return JSONResponse(await self.processing.respond(req, caller))
+            events, first = await self._open_stream(self.processing.stream(req, caller))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+        return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._answer(request, TokenizeRequest, self.processing.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._answer(request, DetokenizeRequest, self.processing.detokenize)
+
+    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any]) -> Response:
+        try:
+            req = self._checked(parse_request(model, await _read_json(request, self.settings.max_body_bytes)))
+            return JSONResponse(await handle(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+
+    async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
+        """The stream and its first output, pulled before answering so that errors found before it
+        keep their HTTP status. The backend's first item comes once planning is done (the client's
+        errors: 400); then the model's first batch is awaited for HEADER_GRACE_S at most (less with
+        a shorter keep-alive) before the headers go out with a keep-alive, whatever the queue."""
+        first = await anext(events)
+        interval = self.settings.stream_keepalive_s
+        if interval > 0:
+            events = with_ticks(events, interval, first_s=min(interval, HEADER_GRACE_S))
+        while not first:  # the "accepted" marker: wait for the model's first batch or a tick
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                break
+        return events, first
+
+    def _checked(self, req: Any) -> Any:
+        """The checks that need the server, not a model: message count, model name, stream options."""
+        messages = getattr(req, "messages", None) or []
+        if len(messages) > self.settings.max_messages:
+            raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
+                                  f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
+        if req.model not in self.cards:
+            raise model_not_found(req.model)
+        if getattr(req, "stream_options", None) is not None and not req.stream:
+            raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
+        return req
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
+
+    async def get_model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id not in self.cards:
+            return error_response(model_not_found(model_id))
+        return JSONResponse(self.cards[model_id].to_dict())
+
+    async def health(self, request: Request) -> Response:
+        states = await self.health_cache.get()
+        detailed = not self.settings.keys.enabled or caller_of(request) is not None
+        status, body = health_body(states, list(self.cards), detailed)
+        return JSONResponse(body, status_code=status)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.spec)
+
+
+def _all_ready(models: list[ModelCard]):
+    async def states() -> dict[str, ModelState]:
+        return {m.id: READY for m in models}
+    return states
+
+
+async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    async def batches() -> AsyncIterator[Any]:
+        yield first
+        async for item in events:
+            yield item
+
+    try:
+        async for chunk in frame_stream(batches(), error_event):
+            yield chunk
+    finally:
+        # Client gone: close the source now (cancels the generation, frees the slot), not at GC.
+        await events.aclose()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
+    if exc.status_code == 405:
+        return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
+                                       status=405, type="invalid_request_error", code="method_not_allowed",
+                                       headers=dict(exc.headers or {})))
+    return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
+                   health: HealthCache | None = None) -> Starlette:
+    """The app over `processing`. `health`: where /health reads the models' states (None: every model is
+    reported ready, for an app with no models of its own to watch)."""
+    settings = settings or ServerSettings()
+    health = health or HealthCache(_all_ready(models), [m.id for m in models])
+    api = Endpoints(processing, health, models, settings)
+    routes = [
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.get_model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
+    ]
+    middleware = [Middleware(TraceMiddleware, tracer=tracing.current())] if tracing.current().enabled else []
+    if settings.keys.enabled:
+        middleware.append(Middleware(APIKeyMiddleware, keys=settings.keys))
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+    )
+
+
+OPEN_PATHS = frozenset({"/health"})
+"""Routes answered without a key (probes and load balancers). Everything else needs one."""
+CALLER_STATE = "llamaray.caller"
+
+
+def route_path(scope: Any) -> str:
+    """The path the app routes on: Serve keeps `route_prefix` in `path` and puts it in `root_path`."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return (path[len(root):] or "/") if root and path.startswith(root) else path
+
+
+class APIKeyMiddleware:
+    """Fails closed: every route but OPEN_PATHS needs a key, whatever prefix the app is mounted under.
+    The caller's identity (a digest of its key) goes into the request's state for the handlers; on an
+    open route a request without a valid key gets None there."""
+
+    def __init__(self, app: Any, keys: KeyChecker) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            key = self.keys.match(headers.get(b"authorization", b"").decode("latin-1"),
+                                  headers.get(b"x-api-key", b"").decode("latin-1"))
+            if key is None and route_path(scope) not in OPEN_PATHS:
+                await error_response(unauthorized())(scope, receive, send)
+                return
+            scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
+        await self.app(scope, receive, send)
+
+
+TRACE_STATE = "llamaray.traceparent"
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+
+
+class TraceMiddleware:
+    """A server span for each request to TRACED_PATHS, from its first byte in to its last byte out (a stream's
+    whole life), child of the `traceparent` the client sent, if any; current while the request is handled, and
+    handed to the processing in the Caller. Outside the key check, so refused requests are traced too."""
+
+    def __init__(self, app: Any, tracer: tracing.Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = route_path(scope) if scope["type"] == "http" else None
+        if path not in TRACED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        parent = dict(scope.get("headers") or []).get(b"traceparent", b"").decode("latin-1") or None
+        method = scope.get("method", "POST")
+        span = self.tracer.start(f"{method} {path}", parent=parent, kind="server", attributes={
+            "llamaray.tier": "ingress", "http.request.method": method, "http.route": path, "url.path": scope["path"]})
+        scope.setdefault("state", {})[TRACE_STATE] = tracing.traceparent_of(span)
+
+        async def send_traced(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                span.set_attribute("http.response.status_code", message["status"])
+                if message["status"] >= 500:
+                    tracing.fail(span, f"HTTP {message['status']}")
+            await send(message)
+
+        failure = None
+        try:
+            with tracing.active(span):
+                await self.app(scope, receive, send_traced)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            tracing.end(span, failure)
+
+
+def model_cards(specs: list[Any]) -> list[ModelCard]:
+    created = int(time.time())
+    return [ModelCard(id=s.id, owned_by=s.owned_by, created=created) for s in specs]

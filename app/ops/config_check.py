@@ -1,0 +1,158 @@
+"""`llamaray check-config`: the whole serve config file, not only its args, one line per problem.
+
+Per application: the args as the builder validates them (models resolved, templates checked); then each
+`deployments:` block against the models (a name that matches none; a model that offloads layers to a GPU
+its deployment does not reserve, or reserves a GPU it keeps no layer on; more ongoing requests than the
+model has slots; a `num_replicas` that the builder's autoscaling default overrides; a `request_router_config`
+that drops the prefix-aware router without saying so); and, given a cluster
+launcher file, whether one replica of each deployment fits at least one of its node types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config.settings import (
+    ConfigError,
+    ModelConfig,
+    deployment_name,
+    parse_args,
+    resolve_models,
+)
+from .placement import (
+    CORE_DEPLOYMENTS,
+    PREFIX_ROUTER_CLASS,
+    apply_block,
+    fits,
+    ingress_hosting_defaults,
+    model_deployment_defaults,
+    offloads,
+    replica_request,
+)
+from ..routing.prefix_routing import ROUTER_KWARGS
+from ..config.preflight import preflight
+
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
+    problems = []
+    host = str((config.get("http_options") or {}).get("host", "127.0.0.1"))  # Serve's default: loopback
+    for app in config.get("applications") or []:
+        name = app.get("name", "?")
+        problems += [f"{name}: {line}" for line in check_application(app, cluster)]
+        if host not in LOOPBACK and not _requires_keys(app):
+            problems.append(f"{name}: serves on {host} (beyond this machine) without `auth.required: true`: "
+                            f"anyone who reaches the port could use the models; require keys (and give the "
+                            f"replicas LLAMARAY_API_KEYS), or bind 127.0.0.1")
+    return problems
+
+
+def _requires_keys(app: dict[str, Any]) -> bool:
+    auth = (app.get("args") or {}).get("auth")
+    return isinstance(auth, dict) and auth.get("required") is True
+
+
+def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
+    try:
+        args = parse_args(app.get("args"))
+    except ConfigError as exc:
+        return [str(exc)]  # without valid args there are no models to check the deployments against
+    problems = []
+    try:
+        for spec in resolve_models(args):
+            preflight(spec)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    blocks = {b.get("name"): b for b in app.get("deployments") or []}
+    models = {deployment_name(m.id): m for m in args.models}
+    single = args.topology == "single"
+    for name in blocks:
+        if single and (name == "ChatProcessor" or name in models):
+            problems.append(f"deployment {name!r} has a block, but `topology: single` runs everything inside the "
+                            "Ingress (no such deployment): remove the block (render-config does), and give the "
+                            "Ingress the models' resources")
+        elif name not in models and name not in CORE_DEPLOYMENTS:
+            known = ", ".join([*CORE_DEPLOYMENTS, *models])
+            problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
+    if single:  # the Ingress is the only deployment, and it reserves what the models need
+        options = {"Ingress": apply_block(ingress_hosting_defaults(args.models), blocks.get("Ingress"))}
+        for model in models.values():
+            problems += _gpu_problems("Ingress", model, options["Ingress"], blocks.get("Ingress") or {})
+    else:
+        options = {name: apply_block(defaults, blocks.get(name)) for name, defaults in CORE_DEPLOYMENTS.items()}
+        for name, model in models.items():
+            options[name] = apply_block(model_deployment_defaults(model), blocks.get(name))
+            problems += _model_problems(name, model, options[name], blocks.get(name) or {})
+    if cluster is not None:
+        problems += fit_problems(options, cluster)
+    return problems
+
+
+def _gpu_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    """The GPU the replica that runs `model`'s engine (its LlamaModel, or the Ingress) reserves vs what it uses."""
+    problems = []
+    gpus = (options.get("ray_actor_options") or {}).get("num_gpus", 0)
+    if offloads(model) and not gpus:
+        replaced = (" (a ray_actor_options block replaces the builder's defaults whole, so it must state num_gpus)"
+                    if "ray_actor_options" in block else "")
+        problems.append(f"model {model.id!r} offloads layers to a GPU (n_gpu_layers: {model.n_gpu_layers}) but "
+                        f"{name} reserves no GPU (ray_actor_options.num_gpus: {gpus}){replaced}: llama.cpp would "
+                        f"run on the CPU; set num_gpus: 1, or n_gpu_layers: 0")
+    if model.n_gpu_layers == 0 and gpus:
+        problems.append(f"{name} reserves a GPU (ray_actor_options.num_gpus: {gpus}) but model {model.id!r} "
+                        f"has n_gpu_layers: 0, so it never uses it; leave n_gpu_layers out (auto: all layers on "
+                        f"the GPU Ray gives the replica) or set num_gpus: 0")
+    return problems
+
+
+def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:
+    problems = _gpu_problems(name, model, options, block)
+    ongoing = options.get("max_ongoing_requests")
+    if isinstance(ongoing, int) and ongoing > model.n_seq_max:
+        problems.append(f"{name}: max_ongoing_requests {ongoing} is above model {model.id!r}'s n_seq_max "
+                        f"{model.n_seq_max}: the extra requests would wait inside the replica instead of Serve's "
+                        f"queue (max_queued_requests); set it to {model.n_seq_max} or raise n_seq_max")
+    router = block.get("request_router_config")
+    if model.routing == "prefix" and isinstance(router, dict) and "request_router_class" not in router:
+        problems.append(f"{name}: its request_router_config names no request_router_class, so Ray Serve routes "
+                        f"with its default router, not the prefix-aware one model {model.id!r} asks for "
+                        f"(routing: prefix): add request_router_class: {PREFIX_ROUTER_CLASS}, or set routing: load")
+    if isinstance(router, dict) and router.get("request_router_class") == PREFIX_ROUTER_CLASS:
+        unknown = sorted(set(router.get("request_router_kwargs") or {}) - ROUTER_KWARGS)
+        if unknown:
+            problems.append(f"{name}: request_router_kwargs {', '.join(unknown)} are not settings of the prefix "
+                            f"router (known: {', '.join(sorted(ROUTER_KWARGS))})")
+    replicas = block.get("num_replicas")
+    if isinstance(replicas, int) and "autoscaling_config" not in block:
+        problems.append(f"{name}: num_replicas: {replicas} has no effect: the builder gives model deployments an "
+                        f"autoscaling_config, which Ray Serve uses instead; write autoscaling_config: "
+                        f"{{min_replicas: {replicas}, max_replicas: {replicas}}}")
+    return problems
+
+
+def fit_problems(options: dict[str, dict[str, Any]], cluster: dict[str, Any]) -> list[str]:
+    """Each deployment's replica must fit at least one node type of a cluster launcher file, by the
+    `resources` the node type declares. This is per replica, which is what decides whether Ray can place
+    it at all: replicas of different deployments may share a node, and a head that must also hold the
+    CPU deployments at their max_replicas is a capacity question (tests/ops/test_cluster_config.py)."""
+    node_types = cluster.get("available_node_types") or {}
+    declared = {t: {k: float(v) for k, v in (nt.get("resources") or {}).items()}
+                for t, nt in node_types.items() if isinstance(nt, dict) and "resources" in nt}
+    undeclared = sorted(set(node_types) - set(declared))
+    problems = []
+    if not node_types:
+        return ["the cluster file has no available_node_types to place replicas on"]
+    for name, opts in options.items():
+        request = replica_request(opts)
+        if any(fits(request, res) for res in declared.values()):
+            continue
+        asks = ", ".join(f"{k}: {v:g}" for k, v in request.items())
+        types = "; ".join(f"{t} {{{', '.join(f'{k}: {v:g}' for k, v in r.items())}}}" for t, r in declared.items())
+        line = f"{name}: a replica reserves {{{asks}}}, which fits no node type of the cluster file ({types or 'none declares resources'})"
+        if undeclared:
+            line += (f"; {', '.join(undeclared)} declare{'s' if len(undeclared) == 1 else ''} no `resources` "
+                     f"(Ray infers them from the instance type): declare them to check")
+        problems.append(line)
+    return problems

@@ -1,0 +1,71 @@
+"""`/tokenize` and `/detokenize` (vLLM's shapes): count and budget tokens exactly as the model does.
+
+A prompt is tokenized as the legacy route's prompt is; messages are rendered by the chat route's own
+planning (template, tools, content marks), so `count` is the `usage.prompt_tokens` that the same
+chat request reports. The ids come from the model's replica: it owns the tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..api.errors import model_not_found
+from ..api.schemas import DetokenizeRequest, TokenizeRequest
+from ..chat.plan import (
+    chat_prompt,
+    check_grammar_inputs,
+    check_model_limits,
+    grammar_limits,
+    tool_plan,
+)
+from ..config.settings import Limits, ModelSpec
+from ..serving.lifecycle import off_loop
+from . import content_marks
+from .tool_calling import ReplyFormat, resolve_reply_format
+
+
+class ModelTokens(Protocol):
+    """The models' tokenizers (the LlamaModel replicas through handles in production)."""
+
+    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
+
+    async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
+
+
+def tokenize_text(req: TokenizeRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> str:
+    """What the model tokenizes for this request: the chat prompt as the chat route renders it
+    (content marked), or the prompt as the legacy route takes it."""
+    if req.messages is None:
+        return content_marks.clean(req.prompt or "")
+    chat = req.chat_request()
+    check_model_limits(chat, spec)
+    check_grammar_inputs(chat, limits)
+    return chat_prompt(spec, tool_plan(chat, fmt, grammar_limits(limits)), req.add_generation_prompt)
+
+
+class TokenService:
+    def __init__(self, specs: list[ModelSpec], tokens: ModelTokens, *, limits: Limits | None = None) -> None:
+        self.models = {s.id: s for s in specs}
+        self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
+                        for s in specs}
+        self.tokens = tokens
+        self.limits = limits or Limits()
+
+    def _spec(self, model: str) -> ModelSpec:
+        spec = self.models.get(model)
+        if spec is None:
+            raise model_not_found(model)
+        return spec
+
+    async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
+        spec = self._spec(req.model)
+        if req.messages is None:
+            text = tokenize_text(req, spec, self.formats[spec.id], self.limits)
+        else:
+            text = await off_loop(self.limits, tokenize_text, req, spec, self.formats[spec.id], self.limits)
+        ids = await self.tokens.tokenize(spec.id, text, req.add_special)
+        return {"tokens": ids, "count": len(ids), "max_model_len": spec.n_ctx}
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
+        spec = self._spec(req.model)
+        return {"prompt": await self.tokens.detokenize(spec.id, req.tokens)}

@@ -1,0 +1,123 @@
+"""One model's llama.cpp engine inside a Ray replica: a LlamaModel replica's (`llama_model: deployment`),
+or the Ingress replica's own (`llama_model: ingress`, no Ray hop between the HTTP server and the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+
+from app.api.errors import overloaded, service_unavailable
+from app.config.settings import ModelSpec, place
+from app.engine import GenerationRequest
+from app.engine.events import Event, Started
+from app.engine.selfcheck import EngineUnavailable, start_engine
+from app.engine.stream import generate_stream
+from app.engine.timeline import Timeline
+from app.observe import tracing
+from app.serving.models import READY, ModelState
+
+from .metrics import EngineGauges
+
+logger = logging.getLogger("ray.serve")
+
+# Requests that may wait for a slot, per slot, where no Serve queue stands in front of the engine (the
+# Ingress hosting it): serve_config.yaml's max_queued_requests 64 for 16 slots. Beyond, 503 + Retry-After.
+WAITING_PER_SLOT = 4
+
+
+class EngineHost:
+    def __init__(self, spec: ModelSpec) -> None:
+        # The auto values (threads, GPU layers) are decided here, from what Ray gave this replica.
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        self.spec = place(spec, cpus=assigned.get("CPU"), gpus=len(ray.get_gpu_ids()))
+        logger.info("model %r: n_threads %d, n_threads_batch %d, n_gpu_layers %d (reserved for this replica: %s)",
+                    spec.id, self.spec.n_threads, self.spec.n_threads_batch, self.spec.n_gpu_layers, assigned)
+        # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
+        # instead of a crash that Serve would restart forever.
+        self.engine, self.unavailable = None, None
+        try:
+            self.engine = start_engine(self.spec)
+        except EngineUnavailable as exc:
+            self.unavailable = str(exc)
+            logger.error("%s", exc)
+        self.gauges = EngineGauges(self.spec.id)
+        self._gauge_task: asyncio.Task | None = None
+        # Requests through `generate` not yet started: being prepared (off the event loop) or waiting for
+        # a slot. The engine's own queue does not see the ones still being prepared.
+        self._unstarted = 0
+
+    async def _publish_gauges(self) -> None:
+        while self.engine is not None:
+            self.gauges.update(self.engine.stats())
+            await asyncio.sleep(1.0)
+
+    def _ready_engine(self):
+        if self.engine is None:
+            raise service_unavailable(self.unavailable, code="engine_unavailable")
+        return self.engine
+
+    async def generate(self, request: GenerationRequest, *, bounded: bool = False) -> AsyncIterator[list[Event]]:
+        """The request's event batches. `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot
+        already wait, for a caller with no Serve queue of its own in front."""
+        if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
+            self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
+        engine = self._ready_engine()
+        if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
+            raise overloaded()
+        self._unstarted += 1
+        started, timeline, failure = False, Timeline(), None
+        try:
+            async for batch in generate_stream(engine, request, self.spec.stream_interval_ms / 1000):
+                if not started:
+                    started = True
+                    self._unstarted -= 1
+                timeline.feed(batch)
+                if batch and isinstance(batch[0], Started) and batch[0].cached_tokens > 0:
+                    self.gauges.cache_hit()
+                yield batch
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if not started:
+                self._unstarted -= 1
+            timeline.close(failure)
+            self.gauges.record(timeline)
+            if tracing.current().enabled:
+                tracing.record_generation(timeline, request, self.spec.id, failure)
+
+    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await asyncio.to_thread(self._ready_engine().detokenize, tokens)
+
+    def stats(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {"model": self.spec.id, "pid": os.getpid(), "healthy": False, "error": self.unavailable}
+        return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
+
+    def state(self) -> ModelState:
+        """Whether this engine serves, without taking its lock (read by /health)."""
+        if self.engine is None:
+            return ModelState("unavailable", self.unavailable)
+        if not self.engine.healthy():
+            return ModelState("unavailable", f"the llama.cpp engine stopped: {self.engine.broken}")
+        return READY
+
+    def info(self) -> dict[str, Any]:
+        return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}
+
+    def check_health(self) -> None:
+        # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.
+        if self.engine is not None and not self.engine.healthy():
+            raise RuntimeError(f"llama.cpp engine for {self.spec.id} is unhealthy: {self.engine.broken}")
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()

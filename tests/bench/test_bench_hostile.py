@@ -1,0 +1,33 @@
+"""bench/hostile.py's pieces, without a server: the hostile bodies stay within the server's limits (so
+they reach the model, not a 413), and gaps are measured per stream within the hostile window."""
+
+from __future__ import annotations
+
+import json
+
+from app.config.settings import Limits
+from app.chat.plan import check_client_grammar
+from bench.hostile import big_grammar, gaps_between, hostile_requests, parse_args
+from loadtools.loadgen import RequestResult
+
+
+def test_hostile_bodies_fit_the_default_limits():
+    limits = Limits()
+    by_name = {h.name: h for h in hostile_requests("m", 16, parse_args(["--url", "u", "--model", "m"]).message_bytes)}
+    assert set(by_name) == {"big_message", "large_grammar", "logprobs_bomb", "n_max"}
+    for h in by_name.values():
+        assert len(json.dumps(h.body).encode()) < limits.max_body_bytes, h.name
+    grammar = by_name["large_grammar"].body["grammar"]
+    assert 50_000 < len(grammar) <= limits.max_grammar_bytes
+    check_client_grammar(grammar, limits)  # the server's own bound: the bench sends what it accepts
+    bomb = by_name["logprobs_bomb"].body
+    assert len(bomb["prompt"]) == 128 and bomb["echo"] and bomb["logprobs"] == 20 and bomb["max_tokens"] == 0
+    assert by_name["n_max"].body["n"] == 16
+
+
+def test_gaps_are_per_stream_and_within_the_window():
+    a = RequestResult(index=0, prompt_index=0, start=10.0, content_times=[0.1, 0.2, 0.5])
+    b = RequestResult(index=1, prompt_index=0, start=20.0, content_times=[0.0, 1.0])
+    assert sorted(round(g, 3) for g in gaps_between([a, b])) == [0.1, 0.3, 1.0]
+    assert [round(g, 3) for g in gaps_between([a, b], 10.3, 15.0)] == [0.3]
+    assert big_grammar(1000).startswith("root ::= ")
