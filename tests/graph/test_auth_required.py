@@ -9,7 +9,8 @@ import pytest
 
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 
-pytestmark = pytest.mark.timeout(600)
+# A long scenario (a cluster of its own that must refuse to start): `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_required_auth_without_keys_refuses_to_serve(monkeypatch):

@@ -14,7 +14,8 @@ from app.config.settings import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
 
-pytestmark = pytest.mark.timeout(1200)
+# A long scenario (1,500 generated requests through a graph of its own): `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 DEPLOYMENTS = ("Ingress", "ChatProcessor", deployment_name(MODEL))
 
 

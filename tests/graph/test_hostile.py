@@ -98,6 +98,23 @@ CORPUS = [
     ("lone surrogate", b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}' % MODEL.encode(),
      400, None),
     ("content as number", chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    ("5 stop strings", chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("stop string of 513 chars", chat(stop=["x" * 513]), 400, "stop"),
+    ("logit_bias of 301 entries", chat(logit_bias={str(i): 1 for i in range(301)}), 400, "logit_bias"),
+    ("logit_bias \"1\" and \"01\"", chat(logit_bias={"1": 1, "01": -1}), 400, "logit_bias"),
+    ("tool parameters not an object", chat(tools=[tool({"type": "string"}, name="lookup")]), 400,
+     "tools[0].function.parameters"),
+]
+LONG_PROMPT = " ".join(["The committee reviewed the annual report in detail."] * 90)  # ~900 tokens, within n_ctx
+# Legacy completions: (name, body, expected status, expected param)
+LEGACY_CORPUS = [
+    # prompts x positions x (1 + logprobs) past limits.max_logprob_entries (65,536 shared over the prompts),
+    # refused before any entry is built
+    ("echo + logprobs 20 + max_tokens 0 over 4 long prompts",
+     {"model": MODEL, "prompt": [LONG_PROMPT] * 4, "echo": True, "logprobs": 20, "max_tokens": 0}, 400, "logprobs"),
+    ("5 stop strings", {"model": MODEL, "prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("logit_bias \"7\" and \"007\"", {"model": MODEL, "prompt": "Hi", "logit_bias": {"7": 1, "007": 1}}, 400,
+     "logit_bias"),
 ]
 
 
@@ -123,6 +140,24 @@ def test_hostile_corpus_gets_4xx_and_no_replica_is_replaced(cluster, http):
     ok = http.post("/v1/chat/completions", json=chat(max_tokens=4))
     assert ok.status_code == 200, ok.text
     assert cluster.identities() == before
+
+
+def test_legacy_output_bombs_get_4xx_and_no_replica_is_replaced(cluster, http):
+    before = cluster.identities()
+    for name, body, status, param in LEGACY_CORPUS:
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == status, (name, r.status_code, r.text[:300])
+        assert_valid("ErrorResponse", r.json())
+        assert r.json()["error"]["param"] == param, (name, r.json())
+    assert http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).status_code == 200
+    assert cluster.identities() == before
+
+
+def test_a_tool_whose_parameters_are_not_an_object_is_named(http):
+    r = http.post("/v1/chat/completions", json=chat(tools=[tool({"type": "object"}, name="ok"),
+                                                           tool({"type": "string"}, name="lookup")]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters"
+    assert "lookup" in r.json()["error"]["message"]
 
 
 def test_json_object_replies_are_strict_json(http):

@@ -17,7 +17,8 @@ import pytest
 from app.config.settings import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
 
-pytestmark = pytest.mark.timeout(600)
+# A long scenario (a graph of its own with one slot, and streams that wait in its queue): `make test-slow`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 MODEL_DEPLOYMENT = deployment_name(MODEL)
 KEEPALIVE_S = 0.25
 # At least 200 words (>= 200 tokens, seconds here): the slot stays busy long enough for the
