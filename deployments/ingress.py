@@ -74,7 +74,7 @@ class GraphIngress(_Front):
         return await asyncio.to_thread(cluster_model_states, self.app_name, self.specs, dict(self.placement.unplaced))
 
     def replica_info(self) -> dict[str, Any]:
-        return replica_info()
+        return {**replica_info(), "placement_checks": self.placement.checks}
 
 
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))

@@ -46,9 +46,10 @@ class LlamaModel:
         return self.host.stats()
 
     def replica_info(self) -> dict[str, Any]:
-        return {**replica_info(), **self.host.info()}
+        return {**replica_info(), **self.host.info(), "health_checks": self._health_checks}
 
     def check_health(self) -> None:
+        self._health_checks = getattr(self, "_health_checks", 0) + 1  # Serve's checks so far (fault tests)
         self._publish()
         self.host.check_health()
 

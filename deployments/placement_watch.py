@@ -76,6 +76,7 @@ class PlacementWatch:
         self.names = {deployment_name(spec.id): spec.id for spec in specs}
         self.unplaced: dict[str, str] = {}  # model id -> why
         self._said: set[str] = set()
+        self.checks = 0  # completed checks (tests wait for more, rather than for a fixed time)
         threading.Thread(target=self._watch, name="llamaray-placement", daemon=True).start()
 
     def admit(self, model_id: str) -> None:
@@ -111,6 +112,7 @@ class PlacementWatch:
                     continue
                 self._said.add(model_id)
         self.unplaced = unplaced
+        self.checks += 1
         return bool(pending)
 
 

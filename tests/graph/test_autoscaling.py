@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import time
-
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ import yaml
 
 from app.config.settings import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
+from tests.support.waiting import wait_for
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -82,15 +82,6 @@ class Ramp:
         for t in self.threads:
             t.join(timeout=300)
 
-
-def wait_for(predicate, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    return None
 
 
 def test_logical_gpus_bound_model_replicas():

@@ -21,6 +21,7 @@ import pytest
 
 from app.config.settings import deployment_name
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
+from tests.support.waiting import wait_for
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -105,7 +106,10 @@ def test_unplaceable_model_says_why_in_health_and_log():
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unplaceable", r.text
         assert time.monotonic() - t0 < 5
 
-        time.sleep(12)  # a few more checks of the Ingress's placement watch: still said once
+        # Two more checks of the Ingress's placement watch (every 5 s while a replica is pending): still said once.
+        ingress = cluster.handle("Ingress")
+        checks = ingress.replica_info.remote().result()["placement_checks"]
+        assert wait_for(lambda: ingress.replica_info.remote().result()["placement_checks"] >= checks + 2, timeout=60)
         logs = ray._private.worker.global_worker.node.get_logs_dir_path()
         paths = glob.glob(os.path.join(logs, "serve", "replica_llamaray_Ingress_*.log"))
         text = "".join(pathlib.Path(p).read_text(errors="replace") for p in paths)

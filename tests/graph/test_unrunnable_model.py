@@ -6,14 +6,13 @@ read fine), and llama.cpp fails in the replica's startup self-check, as it would
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from app.config.settings import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
+from tests.support.waiting import wait_for
 
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -60,7 +59,10 @@ def test_requests_get_a_503_with_the_reason_and_other_models_serve(cluster):
 
 def test_the_replica_is_not_restarted(cluster):
     handle = cluster.handle(deployment_name(BROKEN))
-    before = handle.replica_info.remote().result()["pid"]
-    time.sleep(12)  # longer than the model deployment's health_check_period_s (10 s)
-    assert handle.replica_info.remote().result()["pid"] == before
+    before = handle.replica_info.remote().result()
+    # Two more of Serve's health checks (every health_check_period_s, 10 s) answered by the same replica.
+    after = wait_for(lambda: (info := handle.replica_info.remote().result())["health_checks"]
+                     >= before["health_checks"] + 2 and info, timeout=60)
+    assert after, "Serve did not health-check the replica twice within 60 s"
+    assert after["pid"] == before["pid"] and after["replica_id"] == before["replica_id"]
     assert cluster.replicas(deployment_name(BROKEN)) == {"RUNNING": 1}

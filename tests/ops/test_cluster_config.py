@@ -199,8 +199,6 @@ def test_aws_provider(config: dict[str, Any]) -> None:
 
 
 def _serve_deployments() -> list[dict[str, Any]]:
-    if not SERVE_CONFIG_YAML.is_file():
-        pytest.skip("no serve_config.yaml")
     with SERVE_CONFIG_YAML.open() as f:
         serve_config = yaml.safe_load(f)
     return [d for app in serve_config.get("applications", []) for d in app.get("deployments", [])]
@@ -238,8 +236,8 @@ def test_cpu_replicas_fit_on_the_head(config: dict[str, Any]) -> None:
     cpu_deployments = [
         d for d in _serve_deployments() if not (d.get("ray_actor_options") or {}).get("num_gpus", 0)
     ]
-    if any(_max_replicas(d) is None for d in cpu_deployments):
-        pytest.skip("a CPU deployment uses num_replicas: auto")
+    # Each CPU deployment states its most replicas (num_replicas: auto would leave the head's share open).
+    assert all(_max_replicas(d) is not None for d in cpu_deployments), cpu_deployments
     cpus_needed = sum(
         _max_replicas(d) * (d.get("ray_actor_options") or {}).get("num_cpus", 1) for d in cpu_deployments
     )
