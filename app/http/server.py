@@ -35,7 +35,7 @@ from ..serving.caller import ANONYMOUS, Caller
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
-from .sse import SSE_HEADERS, frame_stream
+from .sse import OPENAI_CHAT, SSE_HEADERS, SSEDialect, frame_stream
 
 log = logging.getLogger("llamaray.server")
 
@@ -174,7 +174,9 @@ class Endpoints:
         """OpenAI's legacy text completions."""
         return await self._generate(request, lambda body: parse_request(CompletionRequest, body))
 
-    async def _generate(self, request: Request, parse: Callable[[Any], Any]) -> Response:
+    async def _generate(self, request: Request, parse: Callable[[Any], Any], dialect: SSEDialect = OPENAI_CHAT,
+                        on_error: Callable[[BaseException], dict[str, Any]] | None = None) -> Response:
+        """A generating route: `dialect` frames its stream, `on_error` shapes the error event that ends one."""
         try:
             req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
             caller = caller_of(request) or ANONYMOUS
@@ -183,7 +185,8 @@ class Endpoints:
             events, first = await self._open_stream(self.processing.stream(req, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
-        return StreamingResponse(_sse(first, events), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(_sse(first, events, dialect, on_error or error_event), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
 
     async def tokenize(self, request: Request) -> Response:
         return await self._answer(request, TokenizeRequest, self.processing.tokenize)
@@ -251,14 +254,15 @@ def _all_ready(models: list[ModelCard]):
     return states
 
 
-async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any], dialect: SSEDialect,
+               on_error: Callable[[BaseException], dict[str, Any]]) -> AsyncIterator[bytes]:
     async def batches() -> AsyncIterator[Any]:
         yield first
         async for item in events:
             yield item
 
     try:
-        async for chunk in frame_stream(batches(), error_event):
+        async for chunk in frame_stream(batches(), on_error, dialect):
             yield chunk
     finally:
         # Client gone: close the source now (cancels the generation, frees the slot), not at GC.

@@ -1,14 +1,17 @@
-"""Server-sent events framing for chat completion streams.
+"""Server-sent events framing, one `SSEDialect` per protocol.
 
-The protocol ends with exactly one `data: [DONE]`, whatever happened before it: a finished
-stream, an error event, or a producer that stopped without a finish chunk. A `TICK` (app/http/keepalive.py)
-becomes a `: keep-alive` comment line, which SSE clients (the openai SDK included) skip.
+OpenAI's chat and legacy completions streams are bare `data:` lines ended by exactly one `data: [DONE]`,
+whatever happened before it (a finished stream, an error event, a producer that stopped without a finish
+chunk), and a keep-alive `TICK` (app/http/keepalive.py) is a `: keep-alive` comment, which SSE clients
+skip. The agent protocols (OpenAI Responses, Anthropic Messages) name each event after its `type` in an
+`event:` line and send no [DONE]; Anthropic's keep-alive is a `ping` event its SDK expects.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .keepalive import Tick
@@ -22,18 +25,38 @@ def encode_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def frame_stream(events: AsyncIterable[list[dict[str, Any]] | Tick], on_error) -> AsyncIterator[bytes]:
-    """Encode batches of chunk dicts as SSE (a tick as a comment); an exception becomes one error
-    event; then [DONE].
+def encode_named_event(payload: dict[str, Any]) -> bytes:
+    """`event: <type>` then the data line: clients of the typed-event protocols dispatch on the name."""
+    return b"event: " + str(payload.get("type", "message")).encode() + b"\n" + encode_event(payload)
 
-    `on_error(exc)` returns the OpenAI error body for an exception raised by `events`.
+
+@dataclass(frozen=True)
+class SSEDialect:
+    """How one protocol frames its stream: each event, the keep-alive, and the closing line (None: none)."""
+
+    encode: Callable[[dict[str, Any]], bytes] = encode_event
+    keepalive: bytes = KEEPALIVE
+    done: bytes | None = DONE
+
+
+OPENAI_CHAT = SSEDialect()
+TYPED_EVENTS = SSEDialect(encode=encode_named_event, done=None)
+
+
+async def frame_stream(events: AsyncIterable[list[dict[str, Any]] | Tick], on_error,
+                       dialect: SSEDialect = OPENAI_CHAT) -> AsyncIterator[bytes]:
+    """Encode batches of event dicts as SSE (a tick as the dialect's keep-alive); an exception becomes one
+    error event; then the dialect's closing line.
+
+    `on_error(exc)` returns the protocol's error event for an exception raised by `events`.
     """
     try:
         async for batch in events:
             if isinstance(batch, Tick):
-                yield KEEPALIVE
+                yield dialect.keepalive
             elif batch:
-                yield b"".join(encode_event(chunk) for chunk in batch)
+                yield b"".join(dialect.encode(chunk) for chunk in batch)
     except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an event
-        yield encode_event(on_error(exc))
-    yield DONE
+        yield dialect.encode(on_error(exc))
+    if dialect.done is not None:
+        yield dialect.done

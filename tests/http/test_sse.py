@@ -108,3 +108,16 @@ def test_exception_before_any_batch():
 def test_sse_headers():
     assert SSE_HEADERS["Cache-Control"] == "no-cache"
     assert SSE_HEADERS["X-Accel-Buffering"] == "no"
+
+
+def test_typed_events_dialect_names_each_event_and_sends_no_done():
+    from app.http.sse import TYPED_EVENTS
+
+    async def go():
+        async def src():
+            yield [{"type": "response.created", "n": 1}]
+            raise RuntimeError("boom")
+        return b"".join([p async for p in frame_stream(src(), lambda e: {"type": "error"}, TYPED_EVENTS)])
+    raw = asyncio.run(go())
+    assert raw == (b'event: response.created\ndata: {"type":"response.created","n":1}\n\n'
+                   b'event: error\ndata: {"type":"error"}\n\n')
