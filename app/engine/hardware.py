@@ -56,10 +56,22 @@ def build_record() -> dict[str, Any] | None:
 
 
 def system_info() -> str:
-    """llama.cpp's own summary of the loaded library: backends and the CPU kernels compiled in."""
+    """llama.cpp's own summary of the loaded library: backends and the CPU kernels compiled in (in a
+    build of runtime-loaded backends, those of the variant chosen for this CPU: loaded first)."""
     import llama_cpp as L
 
+    from .llama import init_backend
+
+    init_backend()
     return L.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def cpu_backend() -> str:
+    """The CPU kernels this process runs: the variant ggml chose at run time (a portable build:
+    "haswell", "zen4", ...) or "linked in" (a build for one CPU)."""
+    from .llama import cpu_backend as chosen
+
+    return chosen()
 
 
 def build_has_amx(info: str) -> bool:
@@ -88,14 +100,17 @@ def missing_isa(record: dict[str, Any] | None, flags: frozenset[str] | None = No
     return sorted(f for f in ISA_FLAGS if f in built and f not in here)
 
 
-def describe(info: str | None = None) -> str:
-    """One paragraph for logs and /health: CPU, its notable features, and the llama.cpp build."""
+def describe(info: str | None = None, backend: str | None = None) -> str:
+    """One paragraph for logs and /health: CPU, its notable features, the llama.cpp build and, when
+    known (`backend`: cpu_backend() of the process that loaded llama.cpp), which CPU kernels run."""
     flags = cpu_flags()
     notable = ",".join(f for f in ISA_FLAGS if f in flags) or "none detected"
     record = build_record()
     build = (f"llama-cpp-python {record.get('version')} built by tools/llama_build.py ({record.get('env')})"
              if record else "llama-cpp-python not built by tools/llama_build.py (its own default flags)")
     text = f"CPU: {cpu_name()} [{notable}]; {build}"
+    if backend:
+        text += f"; CPU backend: {backend}" + (" (variant chosen at run time)" if backend != "linked in" else "")
     if info:
         text += f"; llama.cpp: {info}"
     return text
@@ -111,5 +126,6 @@ def crash_hints(info: str | None) -> list[str]:
     lacking = missing_isa(build_record())
     if lacking:
         hints.append(f"this llama.cpp was compiled on a CPU with {', '.join(lacking)} that this CPU lacks: "
-                     "rebuild it here (`make install`)")
+                     "rebuild it here (`make install`), or for images use the portable build "
+                     "(tools/llama_build.py --portable: every CPU variant, chosen at run time)")
     return hints

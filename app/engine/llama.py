@@ -32,6 +32,10 @@ _backend_ready = False
 _BUFFER_LINE = re.compile(r"\b([\w-]+) model buffer size\s*=\s*([\d.]+) MiB")
 model_buffers: dict[str, float] = {}
 """Where the last loaded model's weights went (buffer type -> MiB), from llama.cpp's load log."""
+_LOADED_BACKEND = re.compile(r"loaded (\S+) backend from (.+?)\s*$")
+loaded_backends: dict[str, str] = {}
+"""Backends ggml loaded as libraries at run time (name -> file), from its log: in a GGML_BACKEND_DL build
+(tools/llama_build.py --portable) the CPU variant it chose for this CPU; empty where they are linked in."""
 
 
 @L.llama_log_callback
@@ -40,18 +44,52 @@ def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     found = _BUFFER_LINE.search(msg)
     if found:
         model_buffers[found.group(1)] = float(found.group(2))
+    loaded = _LOADED_BACKEND.search(msg)
+    if loaded:
+        loaded_backends[loaded.group(1)] = loaded.group(2)
     # llama.cpp logs every tensor at load; keep only warnings and errors.
     if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR) and msg:
         log.warning("llama.cpp: %s", msg)
+
+
+def _load_backend_libraries() -> None:
+    """A GGML_BACKEND_DL build registers no backend until one is loaded, and llama_backend_init looks for
+    them only next to the executable (python's bin/) and in the working directory; they are installed
+    next to libllama (llama_cpp/lib, or LLAMA_CPP_LIB_PATH). ggml loads the best-scoring CPU variant
+    for this CPU (and CUDA where a driver is). A build with its backends linked in has them
+    registered already: then this does nothing."""
+    lib, lib_dir = L.llama_cpp._lib, L.llama_cpp._base_path  # dlsym on libllama finds its libggml's symbols
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_count.argtypes = []
+    if lib.ggml_backend_reg_count() > 0:
+        return
+    lib.ggml_backend_load_all_from_path.restype = None
+    lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_load_all_from_path(str(lib_dir).encode())
+    if lib.ggml_backend_reg_count() == 0:
+        raise RuntimeError(f"llama.cpp found no backend library (libggml-cpu-*.so) to load in {lib_dir}")
 
 
 def init_backend() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
-            L.llama_log_set(_llama_log, ctypes.c_void_p(0))
+            L.llama_log_set(_llama_log, ctypes.c_void_p(0))  # first: the load logs which variant it chose
+            _load_backend_libraries()
             L.llama_backend_init()
             _backend_ready = True
+
+
+def cpu_backend() -> str:
+    """Which CPU kernels run: the variant library ggml chose at run time ("haswell" for
+    libggml-cpu-haswell.so), or "linked in" (a build for one CPU, tools/llama_build.py's default)."""
+    init_backend()
+    path = loaded_backends.get("CPU")
+    if not path:
+        return "linked in"
+    name = path.rsplit("/", 1)[-1]
+    match = re.match(r"libggml-cpu-(.+?)\.so", name)
+    return match.group(1) if match else name
 
 
 class LlamaModelContext:

@@ -61,17 +61,18 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
         return json.loads(lines[-1])
     how = (f"killed by {_signal_name(proc.returncode)}" if proc.returncode < 0
            else f"exit status {proc.returncode}")
-    info = None
+    info = backend = None
     for line in lines:  # the child prints llama.cpp's system info before it loads anything
         if line.startswith("{") and '"system_info"' in line:
-            info = json.loads(line).get("system_info")
+            first = json.loads(line)
+            info, backend = first.get("system_info"), first.get("cpu_backend")
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
     hints = hardware.crash_hints(info)
     raise EngineUnavailable(
         f"model {spec.id!r}: the startup self-check (load {Path(spec.path).name}, decode one token) failed "
         f"({how}), so this replica does not run it. "
         + (f"Likely cause: {'; '.join(hints)}. " if hints else "")
-        + f"{hardware.describe(info)}." + (f" Last output: {tail}" if tail else ""))
+        + f"{hardware.describe(info, backend)}." + (f" Last output: {tail}" if tail else ""))
 
 
 def start_engine(spec: ModelSpec) -> Any:
@@ -87,7 +88,8 @@ def start_engine(spec: ModelSpec) -> Any:
     if spec.startup_self_check:
         report = run_self_check(spec)
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
-                 "on" if report.get("extra_buffers") else "off", hardware.describe(report.get("system_info")))
+                 "on" if report.get("extra_buffers") else "off",
+                 hardware.describe(report.get("system_info"), report.get("cpu_backend")))
     return LlamaEngine(spec, publish=publish_to_loops).start()
 
 
@@ -96,8 +98,9 @@ def _child() -> None:
 
     params = json.loads(sys.stdin.read())
     info = hardware.system_info()
+    backend = hardware.cpu_backend()
     extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
-    print(json.dumps({"system_info": info}), flush=True)  # survives a crash below
+    print(json.dumps({"system_info": info, "cpu_backend": backend}), flush=True)  # survives a crash below
     llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                            n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
                            n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra)
@@ -105,7 +108,8 @@ def _child() -> None:
         token = greedy_token(llama, llama.tokenize("Hello"))
     finally:
         llama.close()
-    print(json.dumps({"ok": True, "system_info": info, "extra_buffers": extra, "token": token}), flush=True)
+    print(json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,
+                      "token": token}), flush=True)
 
 
 if __name__ == "__main__":
