@@ -20,6 +20,7 @@ from app.ops.placement import ingress_hosting_defaults, model_deployment_default
 from .chat_processor import ChatProcessor
 from .ingress import GraphIngress, SingleIngress
 from .llama_model import LlamaModel
+from .response_store import response_store_actors
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -41,13 +42,15 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
         .bind(spec, parsed.tracing)
         for spec, cfg in zip(specs, parsed.models)
     }
-    processor = ChatProcessor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key",
-                                   parsed.tracing)
+    # The processing's deployment holds the Responses store (deployments/response_store.py), in both shapes.
+    processor = ChatProcessor.options(deployment_actors=response_store_actors(parsed.limits))
+    processor = processor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key", parsed.tracing)
     return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing)
 
 
 def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     """One Ingress replica that also renders prompts and runs the models' engines: it reserves what their
     LlamaModel replicas would."""
-    ingress = SingleIngress.options(**ingress_hosting_defaults(parsed.models))
+    ingress = SingleIngress.options(**ingress_hosting_defaults(parsed.models),
+                                    deployment_actors=response_store_actors(parsed.limits))
     return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing)

@@ -24,6 +24,7 @@ from .metrics import RayRequestObserver
 from .models import RemoteModels
 from .relay import relay
 from .replica import replica_info
+from .response_store import ActorResponseStore, store_enabled
 
 
 @serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
@@ -32,7 +33,9 @@ class ChatProcessor:
                  per_key_cache: bool = True, tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
         remote = traced_models(RemoteModels(models), {mid: deployment_name(mid) for mid in models})
-        self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache)
+        store = ActorResponseStore() if store_enabled(limits) else None
+        self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache,
+                                   response_store=store)
 
     async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
         return await self.processor.respond(request, caller)
@@ -46,6 +49,12 @@ class ChatProcessor:
 
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.processor.detokenize(request, caller)
+
+    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.processor.stored_response(response_id, caller)
+
+    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.processor.delete_response(response_id, caller)
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
@@ -75,3 +84,9 @@ class RemoteProcessing:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         self.admit(request.model)
         return await call_mapped(lambda: self.handle.detokenize.remote(request, caller))
+
+    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await call_mapped(lambda: self.handle.stored_response.remote(response_id, caller))
+
+    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await call_mapped(lambda: self.handle.delete_response.remote(response_id, caller))

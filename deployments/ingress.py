@@ -33,6 +33,7 @@ from .metrics import RayRequestObserver
 from .models import LocalModels
 from .placement_watch import PlacementWatch, cluster_model_states
 from .replica import replica_info
+from .response_store import ActorResponseStore, store_enabled
 
 logger = logging.getLogger("ray.serve")
 
@@ -84,8 +85,9 @@ class SingleIngress(_Front):
                  tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
         self.models = LocalModels({spec.id: EngineHost(spec) for spec in specs})
+        store = ActorResponseStore() if store_enabled(limits) else None
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
-                              per_key_cache=auth.cache_isolation == "per_key")
+                              per_key_cache=auth.cache_isolation == "per_key", response_store=store)
         self._serve(specs, limits, auth, processor, self._states)
 
     async def _states(self) -> dict[str, ModelState]:

@@ -44,6 +44,20 @@ def _post(operation: str, request: str, description: str, errors: dict[str, Any]
     }}
 
 
+def _stored_response() -> dict[str, Any]:
+    """GET and DELETE of a stored Responses API response (the caller's own; else 404)."""
+    path = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    found = {"content": {"application/json": {"schema": {"type": "object"}}}}
+    return {
+        "get": {"operationId": "getResponse", "parameters": path, "responses": {
+            "200": {"description": "The response object as it was stored", **found},
+            "400": _ERROR, "401": _ERROR, "404": _ERROR, "503": _ERROR}},
+        "delete": {"operationId": "deleteResponse", "parameters": path, "responses": {
+            "200": {"description": "`{id, object: response, deleted: true}`", **found},
+            "401": _ERROR, "404": _ERROR, "503": _ERROR}},
+    }
+
+
 def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     components: dict[str, Any] = {}
     for name, model in (("CreateChatCompletionRequest", ChatCompletionRequest),
@@ -83,6 +97,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                 "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "A model", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/Model"}}}}, "401": _ERROR, "404": _ERROR}}},
+            "/v1/responses/{response_id}": _stored_response(),
             "/health": {"get": {"operationId": "health", "responses": {
                 "200": {"description": "Every model is loaded"}, "503": {"description": "Still loading"}}}},
         },

@@ -152,6 +152,16 @@ class Limits(BaseModel):
                                      "(1 + logprobs), over all its prompts")
     stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
                                       "without data, so proxies keep a waiting stream open (0: off)")
+    # Stored responses (Responses API, `store: true`) live in memory (app/openai_responses/store.py): bounded by
+    # count and bytes, least recently used out, and kept a day, not OpenAI's 30: longer than any interactive
+    # session, overnight pauses included, while users' conversations do not linger in a process for weeks.
+    response_store_entries: int = Field(10_000, ge=0, description="most responses kept for `previous_response_id` "
+                                        "and GET /v1/responses/{id}, least recently used out (0: nothing is "
+                                        "stored; `store: true` acts as false)")
+    response_store_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="most bytes the stored responses "
+                                      "take as compact JSON; a response larger than this is returned but not kept")
+    response_store_ttl_s: float = Field(24 * 3600.0, gt=0, description="seconds a stored response is kept after "
+                                        "it was written")
 
 
 class AuthConfig(BaseModel):

@@ -194,6 +194,19 @@ class Endpoints:
     async def detokenize(self, request: Request) -> Response:
         return await self._answer(request, DetokenizeRequest, self.processing.detokenize)
 
+    async def stored_response(self, request: Request) -> Response:
+        """GET /v1/responses/{id}: the caller's stored response; DELETE: forget it."""
+        try:
+            response_id, caller = request.path_params["response_id"], caller_of(request) or ANONYMOUS
+            if request.method == "DELETE":
+                return JSONResponse(await self.processing.delete_response(response_id, caller))
+            if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+                raise invalid_request("Streaming a stored response is not supported: retrieve it without `stream`.",
+                                      param="stream")
+            return JSONResponse(await self.processing.stored_response(response_id, caller))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+
     async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any]) -> Response:
         try:
             req = self._checked(parse_request(model, await _read_json(request, self.settings.max_body_bytes)))
@@ -293,6 +306,7 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),

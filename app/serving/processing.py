@@ -14,6 +14,8 @@ from ..completions import CompletionService
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..openai_responses.retrieval import StoredResponses
+from ..openai_responses.store import ResponseStore
 from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
@@ -34,12 +36,21 @@ class Processing(Protocol):
 
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]: ...
 
+    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """The caller's stored response object (GET /v1/responses/{id}); a 404 APIError if there is none."""
+
+    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """Forget the caller's stored response (DELETE /v1/responses/{id}): OpenAI's deletion object; a 404
+        APIError if there is none."""
+
 
 class Processor:
-    """Processing over `models`: each protocol's service, chosen by the request's type."""
+    """Processing over `models`: each protocol's service, chosen by the request's type. `response_store`: where
+    Responses API responses are kept (None: storing is off)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
-                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
+                 observer: RequestObserver | None = None, per_key_cache: bool = True,
+                 response_store: ResponseStore | None = None) -> None:
         observer = observer or NullObserver()
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
@@ -49,6 +60,8 @@ class Processor:
                                         per_key_cache=per_key_cache)
         self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions}
         self.tokens = TokenService(specs, models, limits=limits)
+        self.response_store = response_store
+        self.stored = StoredResponses(response_store)
 
     def _service(self, request: APIRequest) -> Any:
         return self.services[type(request)]
@@ -72,6 +85,12 @@ class Processor:
 
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.tokens.detokenize(request)
+
+    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.stored.get(response_id, caller)
+
+    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.stored.delete(response_id, caller)
 
 
 OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name

@@ -50,6 +50,12 @@ class HopProcessing:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.inner.detokenize(request, caller)
 
+    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.inner.stored_response(response_id, caller)
+
+    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        return await self.inner.delete_response(response_id, caller)
+
 
 def _under(caller: Caller, span: Any) -> Caller:
     return replace(caller, traceparent=tracing.traceparent_of(span))
