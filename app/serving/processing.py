@@ -14,11 +14,14 @@ from ..completions import CompletionService
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
+from ..openai_responses.service import InputTokensService, ResponsesService
+from ..openai_responses.store import ResponseStore
 from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest]
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest]
 """A request that generates: its type says which protocol answers it."""
 
 
@@ -39,7 +42,8 @@ class Processor:
     """Processing over `models`: each protocol's service, chosen by the request's type."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
-                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
+                 observer: RequestObserver | None = None, per_key_cache: bool = True,
+                 response_store: ResponseStore | None = None) -> None:
         observer = observer or NullObserver()
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
@@ -47,7 +51,11 @@ class Processor:
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions}
+        responses = ResponsesService(specs, models.open_stream, limits=limits, observer=observer,
+                                     per_key_cache=per_key_cache, response_store=response_store)
+        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
+                                          ResponsesRequest: responses,
+                                          InputTokensRequest: InputTokensService(responses, models)}
         self.tokens = TokenService(specs, models, limits=limits)
 
     def _service(self, request: APIRequest) -> Any:
@@ -74,7 +82,8 @@ class Processor:
         return await self.tokens.detokenize(request)
 
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name
+# OpenTelemetry's gen_ai.operation.name; a Responses request is a chat turn in its terms.
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat"}
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
