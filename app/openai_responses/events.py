@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .shaping import ResponseShaper, function_call_item, message_item, new_id, output_text, reasoning_item
+from .shaping import (
+    ResponseShaper,
+    function_call_item,
+    message_item,
+    new_id,
+    output_text,
+    reasoning_item,
+)
 
 
 class ResponseEvents:

@@ -16,8 +16,15 @@ from pydantic import TypeAdapter, ValidationError
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, validation_error
 from .schemas import (
-    ContentPart, FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem, NonTextPart, ReasoningItem,
-    Refusal, ResponsesRequest,
+    ContentPart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+    NonTextPart,
+    ReasoningItem,
+    Refusal,
+    ResponsesRequest,
 )
 
 _ITEMS = TypeAdapter(list[InputItem])
@@ -138,7 +145,7 @@ def chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> C
         "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed, "stop": req.stop,
         "user": req.user, "parallel_tool_calls": req.parallel_tool_calls,
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
-        "stream": bool(req.stream),
+        "stream": bool(req.stream), "cache_salt": req.cache_salt, "cache_prompt": req.cache_prompt,
     }
     if req.tools:
         payload["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
@@ -160,7 +167,7 @@ def chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> C
 
 
 # Where a chat field's problem comes from in the Responses request.
-_PARAMS = {"max_completion_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 
 
 def responses_param(err: Any) -> Any:

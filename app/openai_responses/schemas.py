@@ -10,13 +10,24 @@ Input items are read leniently about the bookkeeping fields an SDK sends back wi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..api.errors import invalid_request
 from ..api.schemas import (
-    TOOL_NAME_RE, _Unsupported, check_stop, parse_request, stop_list, validation_error,
+    TOOL_NAME_RE,
+    _Unsupported,
+    check_stop,
+    parse_request,
+    validation_error,
 )
 
 
@@ -85,7 +96,7 @@ class ReasoningItem(_Item):
     encrypted_content: str | None = None
 
     @model_validator(mode="after")
-    def _readable(self) -> "ReasoningItem":
+    def _readable(self) -> ReasoningItem:
         if self.encrypted_content is not None:
             raise _Unsupported("input", "Encrypted reasoning (`encrypted_content`) is not supported: this server "
                                         "never encrypts reasoning, send its `content` back as it came.")
@@ -145,7 +156,7 @@ class TextFormat(_Item):
     description: str | None = None
 
     @model_validator(mode="after")
-    def _schema(self) -> "TextFormat":
+    def _schema(self) -> TextFormat:
         if self.type == "json_schema" and (self.schema_ is None or not self.name):
             raise ValueError("a `json_schema` format needs `name` and `schema`")
         return self
@@ -156,7 +167,7 @@ class TextParam(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
-    def _verbosity(self) -> "TextParam":
+    def _verbosity(self) -> TextParam:
         if self.verbosity is not None:
             raise _Unsupported("text.verbosity", "`text.verbosity` is not supported: the models here have no "
                                                  "verbosity control.")
@@ -226,6 +237,8 @@ class ResponsesRequest(_Strict):
     # llamaray's extensions (not OpenAI's): as the chat route takes them.
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
+    cache_salt: str | None = None
+    cache_prompt: bool | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -272,7 +285,7 @@ class ResponsesRequest(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _supported(self) -> "ResponsesRequest":
+    def _supported(self) -> ResponsesRequest:
         for name, why in REFUSED.items():
             value = getattr(self, name)
             if value is not None and value is not False:
@@ -294,14 +307,6 @@ class ResponsesRequest(_Strict):
         if self.stream_options is not None and not self.stream:
             raise _Unsupported("stream_options", "`stream_options` is only allowed when `stream` is true.")
         return self
-
-    @property
-    def stop_list(self) -> list[str]:
-        return stop_list(self.stop)
-
-    # The lifecycle's view of any generating request.
-    cache_salt: ClassVar[None] = None
-    include_usage: ClassVar[bool] = False
 
 
 class InputTokensRequest(ResponsesRequest):

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..api.errors import APIError, invalid_request
 from ..chat.plan import GenerationPlan
-from ..chat.service import ChatReply, ChatService, usage as chat_usage
+from ..chat.service import ChatReply, ChatService
+from ..chat.service import usage as chat_usage
 from ..engine.events import Event
 from ..observe.request_records import RequestRecord
 from ..serving.caller import ANONYMOUS, Caller

@@ -65,13 +65,15 @@ def usage(chat_usage: dict[str, Any], output: list[dict[str, Any]]) -> dict[str,
     """Chat usage as the Responses API names it (reasoning_tokens: see reasoning_tokens)."""
     inp, out = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
+    # cache_write_tokens: the SDK's model requires it; no write is billed apart here.
+    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": out,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens(out, output)}, "total_tokens": inp + out}
 
 
 # Before the end: the spec's `usage` is an object, never null.
-NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
+NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
 
 
 class ResponseShaper:

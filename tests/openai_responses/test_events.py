@@ -83,7 +83,7 @@ def test_reasoning_then_text(piece):
     assert_valid("Response", final)
     assert without_ids(final) == without_ids(whole)
     assert final["status"] == "completed" and final["output_text"] == "The answer is 4."
-    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 7}
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] == 7
     assert 0 < final["usage"]["output_tokens_details"]["reasoning_tokens"] < 20
     # each delta and done names its item and place
     ids = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
@@ -166,6 +166,6 @@ def test_echoed_parameters():
 
 def test_usage_names_and_reasoning_estimate():
     output = output_items({"reasoning_content": "abcd", "content": "efgh"}, False)
-    assert usage(USAGE, output) == {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 7},
+    assert usage(USAGE, output) == {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 7, "cache_write_tokens": 0},
                                     "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 10},
                                     "total_tokens": 50}

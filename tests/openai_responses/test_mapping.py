@@ -7,7 +7,11 @@ import pytest
 from app.api.errors import APIError
 from app.openai_responses.mapping import output_messages, to_turn
 from app.openai_responses.schemas import parse_responses_request
-from app.openai_responses.shaping import function_call_item, message_item, reasoning_item
+from app.openai_responses.shaping import (
+    function_call_item,
+    message_item,
+    reasoning_item,
+)
 
 
 def parse(**fields):

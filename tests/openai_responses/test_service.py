@@ -11,10 +11,13 @@ import pytest
 from app.api.errors import APIError
 from app.engine import GenerationRequest
 from app.engine.stream import generate_stream
-from app.prompt.content_marks import clean
-from app.openai_responses.schemas import parse_input_tokens_request, parse_responses_request
+from app.openai_responses.schemas import (
+    parse_input_tokens_request,
+    parse_responses_request,
+)
 from app.openai_responses.service import InputTokensService, ResponsesService
 from app.openai_responses.store import MemoryResponseStore
+from app.prompt.content_marks import clean
 from app.serving.caller import Caller
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
@@ -106,7 +109,7 @@ def test_store_false_keeps_nothing(service, engine, bundled_spec, store):
 
 
 def test_stream_equals_complete_for_a_seeded_request(service, engine, bundled_spec):
-    fields = dict(temperature=0.7, seed=42, max_output_tokens=12)
+    fields = {"temperature": 0.7, "seed": 42, "max_output_tokens": 12}
     whole = run(engine, service.complete(request(bundled_spec, **fields), ALICE))
     events = run(engine, collect(service.stream(request(bundled_spec, stream=True, **fields), ALICE)))
     final = check_stream(events)
