@@ -9,6 +9,7 @@ next `sequence_number`."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -73,8 +74,9 @@ class ResponseEvents:
     def _opened(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         self.output.append(item)
         self.open = item
+        # Copies: the item goes on changing while this event waits to be sent.
         return [self._event("response.output_item.added", output_index=len(self.output) - 1,
-                            item={**item, "status": "in_progress"})]
+                            item=copy.deepcopy({**item, "status": "in_progress"}))]
 
     def _where(self) -> dict[str, Any]:
         """The open item's place: always the last item."""
@@ -139,5 +141,6 @@ class ResponseEvents:
                 out.append(self._event("response.output_text.done", **where, content_index=0, text=part["text"],
                                        logprobs=[]))
             out.append(self._event("response.content_part.done", **where, content_index=0, part=dict(part)))
-        out.append(self._event("response.output_item.done", output_index=where["output_index"], item=dict(item)))
+        out.append(self._event("response.output_item.done", output_index=where["output_index"],
+                               item=copy.deepcopy(item)))
         return out

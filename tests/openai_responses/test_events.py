@@ -85,6 +85,8 @@ def test_reasoning_then_text(piece):
     assert final["status"] == "completed" and final["output_text"] == "The answer is 4."
     assert final["usage"]["input_tokens_details"]["cached_tokens"] == 7
     assert 0 < final["usage"]["output_tokens_details"]["reasoning_tokens"] < 20
+    # an item as it was when added: nothing written yet
+    assert [e["item"]["content"] for e in events if e["type"] == "response.output_item.added"] == [[], []]
     # each delta and done names its item and place
     ids = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
     for e in events:
