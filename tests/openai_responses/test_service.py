@@ -200,3 +200,32 @@ def test_input_tokens_count_the_generated_prompt(service, models, engine, bundle
     counted = run(engine, counter.complete(parse_input_tokens_request(fields), ALICE))
     body = run(engine, service.complete(request(bundled_spec, **fields), ALICE))
     assert counted == {"object": "response.input_tokens", "input_tokens": body["usage"]["input_tokens"]}
+
+
+class Records:
+    def __init__(self) -> None:
+        self.records = []
+
+    def record(self, rec) -> None:
+        self.records.append(rec)
+
+
+def test_requests_are_recorded_under_the_responses_protocol(bundled_spec, models, engine):
+    observer = Records()
+    service = ResponsesService([bundled_spec], models.open_stream, observer=observer)
+    run(engine, service.complete(request(bundled_spec, max_output_tokens=2), ALICE))
+    run(engine, collect(service.stream(request(bundled_spec, max_output_tokens=2, stream=True), ALICE)))
+    assert [(r.protocol, r.stream, r.status, r.completion_tokens) for r in observer.records] == [
+        ("responses", False, "ok", 2), ("responses", True, "ok", 2)]
+
+
+def test_the_processor_serves_responses_with_the_store_it_is_given(bundled_spec, models):
+    from app.config.settings import Limits
+    from app.openai_responses.schemas import InputTokensRequest, ResponsesRequest
+    from app.serving.processing import OPERATIONS, Processor
+
+    store = MemoryResponseStore()
+    processor = Processor([bundled_spec], models, Limits(), response_store=store)
+    assert processor.services[ResponsesRequest].store is store
+    assert isinstance(processor.services[InputTokensRequest], InputTokensService)
+    assert OPERATIONS[processor.services[ResponsesRequest].protocol] == "chat"
