@@ -11,6 +11,7 @@ from .schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
 
 _ERROR = {
     "description": "OpenAI-shaped error",
@@ -62,7 +63,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     components: dict[str, Any] = {}
     for name, model in (("CreateChatCompletionRequest", ChatCompletionRequest),
                         ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
-                        ("DetokenizeRequest", DetokenizeRequest)):
+                        ("DetokenizeRequest", DetokenizeRequest), ("CreateResponseRequest", ResponsesRequest),
+                        ("ResponsesInputTokensRequest", InputTokensRequest)):
         request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(request.pop("$defs", {}))
         components[name] = request
@@ -85,6 +87,10 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
             }},
             "/v1/completions": _post("createCompletion", "CreateCompletionRequest",
                                      "A text_completion, or an SSE stream of them when `stream`", errors, stream=True),
+            "/v1/responses": _post("createResponse", "CreateResponseRequest",
+                                   "A response, or an SSE stream of typed events when `stream`", errors, stream=True),
+            "/v1/responses/input_tokens": _post("countResponseInputTokens", "ResponsesInputTokensRequest",
+                                                "`input_tokens`: the request's prompt, counted", errors),
             "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),
             "/detokenize": _post("detokenize", "DetokenizeRequest", "`prompt`: the tokens' text", errors),
             "/v1/models": {"get": {"operationId": "listModels", "responses": {

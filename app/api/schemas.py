@@ -242,6 +242,8 @@ class ChatCompletionRequest(_SamplingChecks):
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
     include_reasoning: bool | None = True
+    # OpenAI's; handed to the chat template as `reasoning_effort` (templates that take it: gpt-oss, ...).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # Prompt-cache controls, as vLLM (`cache_salt`) and llama-server (`cache_prompt`) take them.
     cache_salt: str | None = None
     cache_prompt: bool | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
@@ -48,7 +49,7 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     grammar = tools.grammar or format_grammar(req, schema_limits)
     if grammar is not None and grammar is not req.grammar:
         check_generated_grammar(grammar, limits, "tools" if tools.grammar else "response_format")
-    prompt = chat_prompt(spec, tools)
+    prompt = chat_prompt(spec, tools, extra=template_variables(req))
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
@@ -63,12 +64,20 @@ def tool_plan(req: ChatCompletionRequest, fmt: ReplyFormat, schema_limits: Gramm
     return plan_tools(fmt, req, messages, schema_limits)
 
 
-def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True) -> str:
+def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True,
+                extra: dict[str, Any] | None = None) -> str:
     """The prompt the model's template renders for the request's messages (and tools), client text marked
     and checked: its control tokens are the template's own (prompt_check)."""
     return checked_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
                           add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
-                          eos_token=spec.eos_token, control_tokens=spec.control_tokens)
+                          eos_token=spec.eos_token, control_tokens=spec.control_tokens, extra=extra)
+
+
+def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The request's variables for the chat template beyond messages and tools (None: none); a template
+    that does not read one renders as without it."""
+    effort = getattr(req, "reasoning_effort", None)
+    return {"reasoning_effort": effort} if effort is not None else None
 
 
 def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int = 0) -> SamplingParams:

@@ -31,10 +31,12 @@ from ..api.openapi import openapi_document
 from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
+from ..openai_responses.schemas import parse_input_tokens_request, parse_responses_request
 from ..serving.caller import ANONYMOUS, Caller
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
+from .responses_sse import ResponsesStream
 from .sse import OPENAI_CHAT, SSE_HEADERS, SSEDialect, frame_stream
 
 log = logging.getLogger("llamaray.server")
@@ -174,6 +176,19 @@ class Endpoints:
         """OpenAI's legacy text completions."""
         return await self._generate(request, lambda body: parse_request(CompletionRequest, body))
 
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API: typed events, and an `error` event numbered after the last one sent."""
+        stream = ResponsesStream()
+        return await self._generate(request, parse_responses_request, dialect=stream.dialect,
+                                    on_error=lambda exc: stream.error_event(error_event(exc)))
+
+    async def responses_input_tokens(self, request: Request) -> Response:
+        try:
+            req = self._checked(parse_input_tokens_request(await _read_json(request, self.settings.max_body_bytes)))
+            return JSONResponse(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
+            return error_response(exc)
+
     async def _generate(self, request: Request, parse: Callable[[Any], Any], dialect: SSEDialect = OPENAI_CHAT,
                         on_error: Callable[[BaseException], dict[str, Any]] | None = None) -> Response:
         """A generating route: `dialect` frames its stream, `on_error` shapes the error event that ends one."""
@@ -306,6 +321,8 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/responses/input_tokens", api.responses_input_tokens, methods=["POST"]),
         Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
@@ -357,7 +374,8 @@ class APIKeyMiddleware:
 
 
 TRACE_STATE = "llamaray.traceparent"
-TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/responses",
+                          "/v1/responses/input_tokens"})
 
 
 class TraceMiddleware:

@@ -15,12 +15,14 @@ from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from ..openai_responses.retrieval import StoredResponses
-from ..openai_responses.store import ResponseStore
+from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
+from ..openai_responses.service import InputTokensService, ResponsesService
+from ..openai_responses.store import BoundedResponseStore, ResponseStore
 from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest]
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest]
 """A request that generates: its type says which protocol answers it."""
 
 
@@ -46,7 +48,8 @@ class Processing(Protocol):
 
 class Processor:
     """Processing over `models`: each protocol's service, chosen by the request's type. `response_store`: where
-    Responses API responses are kept (None: storing is off)."""
+    Responses API responses are kept (None: in this process, within the limits' bounds; the deployments pass
+    the store actor that outlives replicas)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True,
@@ -55,10 +58,16 @@ class Processor:
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
         self.models = models
+        if response_store is None:
+            response_store = BoundedResponseStore.from_limits(limits)
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions}
+        responses = ResponsesService(specs, models.open_stream, limits=limits, observer=observer,
+                                     per_key_cache=per_key_cache, response_store=response_store)
+        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
+                                          ResponsesRequest: responses,
+                                          InputTokensRequest: InputTokensService(responses, models)}
         self.tokens = TokenService(specs, models, limits=limits)
         self.response_store = response_store
         self.stored = StoredResponses(response_store)
@@ -93,7 +102,8 @@ class Processor:
         return await self.stored.delete(response_id, caller)
 
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name
+# OpenTelemetry's gen_ai.operation.name; a Responses request is a chat turn in its terms.
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat"}
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
