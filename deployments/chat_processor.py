@@ -10,6 +10,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from app.anthropic_messages import CountTokensRequest
 from app.api.schemas import DetokenizeRequest, TokenizeRequest
 from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
@@ -47,6 +48,9 @@ class ChatProcessor:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.processor.detokenize(request, caller)
 
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        return await self.processor.count_tokens(request, caller)
+
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
 
@@ -75,3 +79,7 @@ class RemoteProcessing:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         self.admit(request.model)
         return await call_mapped(lambda: self.handle.detokenize.remote(request, caller))
+
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        self.admit(request.model)
+        return await call_mapped(lambda: self.handle.count_tokens.remote(request, caller))

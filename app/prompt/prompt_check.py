@@ -160,11 +160,11 @@ class _Neutral:
 
 def checked_prompt(source: str, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                    add_generation_prompt: bool = True, bos_token: str = "", eos_token: str = "",
-                   control_tokens: tuple[str, ...] = ()) -> str:
+                   control_tokens: tuple[str, ...] = (), extra: dict[str, Any] | None = None) -> str:
     """The marked prompt (render_prompt with mark_content), checked: a 400 when the request's text
     would become control tokens of this model (`control_tokens`: ModelSpec.control_tokens)."""
     kw = dict(tools=tools, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
-              mark_content=True)
+              extra=extra, mark_content=True)
     prompt = render_prompt(source, messages, **kw)
     if not control_tokens:
         return prompt

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol, Union
 
 from ..observe import tracing
+from ..anthropic_messages import CountTokensRequest, MessagesRequest, MessagesService, MessageTokenCounter
 from ..chat import ChatService
 from ..completions import CompletionService
 from ..config.settings import Limits, ModelSpec
@@ -18,7 +19,7 @@ from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest]
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, MessagesRequest]
 """A request that generates: its type says which protocol answers it."""
 
 
@@ -34,6 +35,9 @@ class Processing(Protocol):
 
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]: ...
 
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        """Anthropic's token count of a Messages request's prompt."""
+
 
 class Processor:
     """Processing over `models`: each protocol's service, chosen by the request's type."""
@@ -47,8 +51,12 @@ class Processor:
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions}
+        messages = MessagesService(specs, models.open_stream, limits=limits, observer=observer,
+                                   per_key_cache=per_key_cache)
+        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
+                                          MessagesRequest: messages}
         self.tokens = TokenService(specs, models, limits=limits)
+        self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
 
     def _service(self, request: APIRequest) -> Any:
         return self.services[type(request)]
@@ -73,8 +81,11 @@ class Processor:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.tokens.detokenize(request)
 
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        return await self.message_tokens.count(request)
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name
+
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "messages": "chat"}  # OpenTelemetry's gen_ai.operation.name
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:

@@ -50,6 +50,9 @@ class HopProcessing:
     async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
         return await self.inner.detokenize(request, caller)
 
+    async def count_tokens(self, request: Any, caller: Caller) -> dict[str, Any]:
+        return await self.inner.count_tokens(request, caller)
+
 
 def _under(caller: Caller, span: Any) -> Caller:
     return replace(caller, traceparent=tracing.traceparent_of(span))
