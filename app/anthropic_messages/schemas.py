@@ -37,12 +37,20 @@ class TextBlock(_Strict):
     citations: None = None  # citations need documents, which are refused
 
 
+class DirectCaller(_Strict):
+    """Who made a call: the model itself (server-side code execution, the other caller, is refused)."""
+
+    type: Literal["direct"]
+
+
 class ToolUseBlock(_Strict):
     type: Literal["tool_use"]
     id: str = Field(pattern=r"^[a-zA-Z0-9_-]+$")
     name: str = Field(min_length=1)
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    caller: DirectCaller | None = None  # as a reply's tool_use block has it, passed back
+    toolset_name: None = None  # the SDK's dump of a reply's block has it null; a server toolset's call is refused
 
 
 class ToolResultBlock(_Strict):
