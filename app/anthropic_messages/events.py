@@ -68,7 +68,7 @@ class MessageEvents:
         out = []
         if self.open != kind:
             out += self._open(kind, thinking_block() if kind == "thinking" else text_block())
-        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else {"type": "text_delta", "text": text}
+        delta = {"type": f"{kind}_delta", kind: text}  # thinking_delta / text_delta
         out.append({"type": "content_block_delta", "index": self.index, "delta": delta})
         return out
 

@@ -55,11 +55,6 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> MappedRequest:
 
 def _generation(req: MessagesRequest) -> dict[str, Any]:
     out: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": bool(req.stream)}
-    thinking = req.thinking
-    if isinstance(thinking, ThinkingEnabled) and thinking.budget_tokens >= req.max_tokens:
-        # as Anthropic answers: the budget is part of max_tokens
-        raise invalid_request(f"thinking.budget_tokens: must be less than max_tokens ({req.max_tokens}); got "
-                              f"{thinking.budget_tokens}.", param="thinking.budget_tokens")
     if req.stop_sequences:
         out["stop"] = req.stop_sequences
     for name in ("temperature", "top_p", "top_k", "cache_prompt"):
@@ -72,8 +67,9 @@ def _generation(req: MessagesRequest) -> dict[str, Any]:
 
 def _template_kwargs(req: _Conversation) -> dict[str, Any] | None:
     """`thinking` as the templates that can switch reasoning read it (Qwen3's `enable_thinking`; a
-    template that never reads it renders the same prompt). Its budget is advisory: `max_tokens` bounds
-    the whole reply, thinking included."""
+    template that never reads it renders the same prompt). Its budget is not enforced, nor checked against
+    `max_tokens` (a model whose context is smaller than Anthropic's least budget could not think at all):
+    `max_tokens` bounds the whole reply, thinking included."""
     if isinstance(req.thinking, (ThinkingEnabled, ThinkingAdaptive)):
         return {"enable_thinking": True}
     if isinstance(req.thinking, ThinkingDisabled):
@@ -94,7 +90,8 @@ def _tool_choice(req: _Conversation) -> dict[str, Any]:
         out["tool_choice"] = "required"
     elif isinstance(choice, ToolChoiceTool):
         if choice.name not in {t.name for t in req.tools or []}:
-            raise invalid_request(f"tool_choice.name: tool `{choice.name}` is not in `tools`.", param="tool_choice.name")
+            raise invalid_request(f"tool_choice.name: tool `{choice.name}` is not in `tools`.",
+                                  param="tool_choice.name")
         out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     if choice.disable_parallel_tool_use:
         out["parallel_tool_calls"] = False

@@ -183,22 +183,12 @@ class _Conversation(_Strict):
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
 
-    # what the lifecycle and the HTTP layer ask of every generating request
-    stream: bool | None = False
-
-    @property
-    def cache_salt(self) -> None:
-        return None
-
-    @property
-    def include_usage(self) -> bool:
-        return False  # a stream's usage is in its message_delta event, always
-
 
 class MessagesRequest(_Conversation):
     """`POST /v1/messages`."""
 
     max_tokens: int = Field(ge=1)
+    stream: bool | None = False
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
@@ -208,6 +198,15 @@ class MessagesRequest(_Conversation):
     inference_geo: str | None = None  # where the model runs is this server: ignored
     # llamaray's extension, as on the chat route (llama-server's field): reuse no cached prompt prefix
     cache_prompt: bool | None = None
+
+    # what the lifecycle asks of every generating request
+    @property
+    def cache_salt(self) -> None:
+        return None
+
+    @property
+    def include_usage(self) -> bool:
+        return False  # a stream's usage is in its message_delta event, always
 
     @field_validator("stop_sequences")
     @classmethod

@@ -86,8 +86,9 @@ def same_message(streamed: dict[str, Any], body: dict[str, Any]) -> None:
     assert streamed["usage"]["output_tokens"] == body["usage"]["output_tokens"]
     assert streamed["usage"]["input_tokens"] == body["usage"]["input_tokens"]
     assert streamed["usage"]["cache_read_input_tokens"] == body["usage"]["cache_read_input_tokens"]
-    got = [{k: v for k, v in b.items() if k in ("type", "text", "thinking", "name", "input")} for b in streamed["content"]]
-    want = [{k: v for k, v in b.items() if k in ("type", "text", "thinking", "name", "input")} for b in body["content"]]
+    fields = ("type", "text", "thinking", "name", "input")
+    got = [{k: v for k, v in b.items() if k in fields} for b in streamed["content"]]
+    want = [{k: v for k, v in b.items() if k in fields} for b in body["content"]]
     assert got == want
     assert all(b["id"].startswith("toolu_") for b in body["content"] if b["type"] == "tool_use")
 

@@ -91,7 +91,8 @@ def test_create_and_count_tokens(client, sdk, bundled_spec):
     assert_valid("Message", body)
     assert body["content"][0]["type"] == "text" and body["content"][0]["text"]
     assert body["stop_reason"] in ("end_turn", "max_tokens") and body["usage"]["output_tokens"] <= 12
-    count = client.post("/v1/messages/count_tokens", json={"model": bundled_spec.id, "messages": ask(bundled_spec)["messages"]})
+    count = client.post("/v1/messages/count_tokens",
+                        json={"model": bundled_spec.id, "messages": ask(bundled_spec)["messages"]})
     assert count.status_code == 200 and count.json().keys() == {"input_tokens"}
     assert_valid("CountMessageTokensResponse", count.json())
     assert count.json()["input_tokens"] == body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"]
@@ -130,7 +131,8 @@ def test_forced_tool_call_round_trip_with_the_sdk(sdk, bundled_spec):
     assert_valid("Message", first.model_dump(mode="json"))
     (call,) = [b for b in first.content if b.type == "tool_use"]
     assert first.stop_reason == "tool_use" and call.name == "get_weather" and isinstance(call.input["city"], str)
-    second = sdk.messages.create(model=bundled_spec.id, max_tokens=20, extra_body={"temperature": 0}, tools=[TOOL], messages=[
+    second = sdk.messages.create(model=bundled_spec.id, max_tokens=20, extra_body={"temperature": 0}, tools=[TOOL],
+                                 messages=[
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 C, sunny"}]}])

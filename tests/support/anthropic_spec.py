@@ -75,6 +75,7 @@ def assert_valid_error(body: Any) -> None:
     `request_too_large` (its errors page lists it), which its spec's error union leaves out: only that type
     is checked as the generic `api_error` it otherwise has the shape of."""
     body = json.loads(json.dumps(body))
-    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("type") == "request_too_large":
-        body["error"]["type"] = "api_error"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("type") == "request_too_large":
+        error["type"] = "api_error"
     assert_valid("ErrorResponse", body)
