@@ -10,6 +10,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from app.anthropic_messages import CountTokensRequest
 from app.api.schemas import DetokenizeRequest, TokenizeRequest
 from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
@@ -55,6 +56,8 @@ class ChatProcessor:
 
     async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
         return await self.processor.delete_response(response_id, caller)
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        return await self.processor.count_tokens(request, caller)
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
@@ -90,3 +93,6 @@ class RemoteProcessing:
 
     async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
         return await call_mapped(lambda: self.handle.delete_response.remote(response_id, caller))
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        self.admit(request.model)
+        return await call_mapped(lambda: self.handle.count_tokens.remote(request, caller))

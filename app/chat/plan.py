@@ -40,7 +40,10 @@ class GenerationPlan:
             tool_names=frozenset(t.function.name for t in self.req.tools or []) or None)
 
 
-def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> GenerationPlan:
+def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits,
+                 template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:
+    """`template_kwargs`: more variables for the chat template (a protocol's switches such as
+    `enable_thinking`), set by the server, never by a client's free-form dict."""
     check_model_limits(req, spec)
     check_grammar_inputs(req, limits)
     schema_limits = grammar_limits(limits)
@@ -49,7 +52,7 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     grammar = tools.grammar or format_grammar(req, schema_limits)
     if grammar is not None and grammar is not req.grammar:
         check_generated_grammar(grammar, limits, "tools" if tools.grammar else "response_format")
-    prompt = chat_prompt(spec, tools, extra=template_variables(req))
+    prompt = chat_prompt(spec, tools, template_kwargs={**(template_variables(req) or {}), **(template_kwargs or {})} or None)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
@@ -65,12 +68,12 @@ def tool_plan(req: ChatCompletionRequest, fmt: ReplyFormat, schema_limits: Gramm
 
 
 def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = True,
-                extra: dict[str, Any] | None = None) -> str:
+                template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt the model's template renders for the request's messages (and tools), client text marked
     and checked: its control tokens are the template's own (prompt_check)."""
     return checked_prompt(spec.chat_template, tools.messages, tools=tools.template_tools,
                           add_generation_prompt=add_generation_prompt, bos_token=spec.bos_token,
-                          eos_token=spec.eos_token, control_tokens=spec.control_tokens, extra=extra)
+                          eos_token=spec.eos_token, control_tokens=spec.control_tokens, extra=template_kwargs)
 
 
 def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:

@@ -53,7 +53,7 @@ async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: Re
                     if gen is not None:
                         rounds += 1
                         continue  # the reply goes on: this round's end is not the reply's
-                    tally.finish_reason = ev.finish_reason
+                    tally.finish_reason, tally.stop_sequence = ev.finish_reason, ev.stop_sequence
                 out.append(ev)
             if out:
                 yield out

@@ -122,7 +122,12 @@ class ChatService(RequestLifecycle[ChatCompletionRequest, GenerationPlan, ChatRe
                         for s in specs}
 
     def make_plan(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
-        plan = plan_request(req, spec, self.formats[spec.id], self.limits)
+        return self.plan_chat(req, spec, scope)
+
+    def plan_chat(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str,
+                  template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:
+        """A chat request's plan (a protocol mapped onto chat plans through here too)."""
+        plan = plan_request(req, spec, self.formats[spec.id], self.limits, template_kwargs)
         plan.gen.cache_scope = scope
         plan.gen.cache_prompt = req.cache_prompt is not False
         return plan

@@ -22,6 +22,7 @@ class ReplyTally:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None  # which stop sequence ended the reply, when one did
 
     def text(self) -> str:
         return "".join(self.pieces)

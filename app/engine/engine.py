@@ -558,7 +558,8 @@ class LlamaEngine:
         self._release(slot, keep_cache=True)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
                                 completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
-                                token_ids=tuple(gen.token_ids) if reason == "length" else ()))
+                                token_ids=tuple(gen.token_ids) if reason == "length" else (),
+                                stop_sequence=gen.stop.matched))
 
     def _text(self, gen: Generation, text: str) -> None:
         """Released text, with the tokens (and their logprobs) held back until now."""

@@ -69,6 +69,7 @@ class Finished(_Picklable):
     # The generated ids of a generation cut by its limit ("length"), only when the request asked
     # (return_tokens: a reply that may be continued); empty otherwise, so the event stays small.
     token_ids: tuple[int, ...] = ()
+    stop_sequence: str | None = None  # the client's stop sequence that ended it (finish_reason "stop")
 
 
 @dataclass(frozen=True, slots=True)

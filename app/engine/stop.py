@@ -9,6 +9,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop sequence that ended the text, once one has
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop matched). After a match, stop feeding."""
@@ -19,7 +20,7 @@ class StopMatcher:
         if hits:
             # The stop that completes first wins, as it would token by token: the cut then
             # does not depend on how the text was split into pieces.
-            cut = min(hits, key=lambda h: (h[0] + len(h[1]), h[0]))[0]
+            cut, self.matched = min(hits, key=lambda h: (h[0] + len(h[1]), h[0]))
             self._held = ""
             return buf[:cut], True
         keep = partial_prefix_len(buf, self.stops)  # a stop may be completed by the next piece

@@ -22,6 +22,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..observe import tracing
+from ..anthropic_messages.errors import anthropic_error_body
+from ..anthropic_messages.schemas import CountTokensRequest, parse_count_tokens_request, parse_messages_request
 from .auth import KeyChecker
 from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
@@ -37,7 +39,7 @@ from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
 from .responses_sse import ResponsesStream
-from .sse import OPENAI_CHAT, SSE_HEADERS, SSEDialect, frame_stream
+from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSE_HEADERS, SSEDialect, frame_stream
 
 log = logging.getLogger("llamaray.server")
 
@@ -76,17 +78,30 @@ def log_server_error(exc: BaseException) -> None:
         api.logged = True
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    status, body = error_body(exc)
+ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
+"""A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
+
+
+def error_response(exc: BaseException, shape: ErrorShape = error_body) -> JSONResponse:
+    status, body = shape(exc)
     log_server_error(exc)
     api = as_api_error(exc)
     return JSONResponse(body, status_code=status, headers=api.headers if api else None)
 
 
-def error_event(exc: BaseException) -> dict[str, Any]:
+def error_event(exc: BaseException, shape: ErrorShape = error_body) -> dict[str, Any]:
     """The error event that ends a stream already under way."""
     log_server_error(exc)
-    return error_body(exc)[1]
+    return shape(exc)[1]
+
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
+def error_shape_of(path: str) -> ErrorShape:
+    """The error shape of the protocol a path belongs to, for errors found before its handler runs (a key,
+    an unknown method)."""
+    return anthropic_error_body if path in ANTHROPIC_PATHS else error_body
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -188,19 +203,30 @@ class Endpoints:
             return JSONResponse(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API."""
+        return await self._generate(request, parse_messages_request, ANTHROPIC_MESSAGES,
+                                    shape=anthropic_error_body)
+
+    async def count_message_tokens(self, request: Request) -> Response:
+        return await self._answer(request, CountTokensRequest, self.processing.count_tokens,
+                                  shape=anthropic_error_body, parse=parse_count_tokens_request)
 
     async def _generate(self, request: Request, parse: Callable[[Any], Any], dialect: SSEDialect = OPENAI_CHAT,
-                        on_error: Callable[[BaseException], dict[str, Any]] | None = None) -> Response:
-        """A generating route: `dialect` frames its stream, `on_error` shapes the error event that ends one."""
+                        on_error: Callable[[BaseException], dict[str, Any]] | None = None,
+                        shape: ErrorShape = error_body) -> Response:
+        """A generating route: `dialect` frames its stream, `on_error` shapes the error event that ends one,
+        `shape` its errors (by default both in OpenAI's shape)."""
         try:
             req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
                 return JSONResponse(await self.processing.respond(req, caller))
             events, first = await self._open_stream(self.processing.stream(req, caller))
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
-            return error_response(exc)
-        return StreamingResponse(_sse(first, events, dialect, on_error or error_event), media_type="text/event-stream",
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, shape)
+        on_error = on_error or (lambda exc: error_event(exc, shape))
+        return StreamingResponse(_sse(first, events, dialect, on_error), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
     async def tokenize(self, request: Request) -> Response:
@@ -222,12 +248,15 @@ class Endpoints:
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
 
-    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any]) -> Response:
+    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any],
+                      shape: ErrorShape = error_body, parse: Callable[[Any], Any] | None = None) -> Response:
+        """`parse`: how the body becomes a `model` (by default OpenAI's validation), `shape` its errors."""
         try:
-            req = self._checked(parse_request(model, await _read_json(request, self.settings.max_body_bytes)))
+            body = await _read_json(request, self.settings.max_body_bytes)
+            req = self._checked(parse(body) if parse else parse_request(model, body))
             return JSONResponse(await handle(req, caller_of(request) or ANONYMOUS))
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
-            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, shape)
 
     async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
         """The stream and its first output, pulled before answering so that errors found before it
@@ -298,13 +327,14 @@ async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any], d
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
+    shape = error_shape_of(route_path(request.scope))
     if exc.status_code == 404:
-        return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"))
+        return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"), shape)
     if exc.status_code == 405:
         return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
                                        status=405, type="invalid_request_error", code="method_not_allowed",
-                                       headers=dict(exc.headers or {})))
-    return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"))
+                                       headers=dict(exc.headers or {})), shape)
+    return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -324,6 +354,8 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
         Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/responses/input_tokens", api.responses_input_tokens, methods=["POST"]),
         Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_message_tokens, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
@@ -366,8 +398,9 @@ class APIKeyMiddleware:
             headers = dict(scope.get("headers") or [])
             key = self.keys.match(headers.get(b"authorization", b"").decode("latin-1"),
                                   headers.get(b"x-api-key", b"").decode("latin-1"))
-            if key is None and route_path(scope) not in OPEN_PATHS:
-                await error_response(unauthorized())(scope, receive, send)
+            path = route_path(scope)
+            if key is None and path not in OPEN_PATHS:
+                await error_response(unauthorized(), error_shape_of(path))(scope, receive, send)
                 return
             scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
         await self.app(scope, receive, send)
@@ -375,7 +408,7 @@ class APIKeyMiddleware:
 
 TRACE_STATE = "llamaray.traceparent"
 TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/responses",
-                          "/v1/responses/input_tokens"})
+                          "/v1/responses/input_tokens", *ANTHROPIC_PATHS})
 
 
 class TraceMiddleware:

@@ -41,6 +41,8 @@ class SSEDialect:
 
 OPENAI_CHAT = SSEDialect()
 TYPED_EVENTS = SSEDialect(encode=encode_named_event, done=None)
+ANTHROPIC_MESSAGES = SSEDialect(encode=encode_named_event, keepalive=b'event: ping\ndata: {"type": "ping"}\n\n',
+                                done=None)
 
 
 async def frame_stream(events: AsyncIterable[list[dict[str, Any]] | Tick], on_error,

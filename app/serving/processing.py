@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol, Union
 
 from ..observe import tracing
+from ..anthropic_messages import CountTokensRequest, MessagesRequest, MessagesService, MessageTokenCounter
 from ..chat import ChatService
 from ..completions import CompletionService
 from ..config.settings import Limits, ModelSpec
@@ -22,7 +23,7 @@ from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest]
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest]
 """A request that generates: its type says which protocol answers it."""
 
 
@@ -44,6 +45,8 @@ class Processing(Protocol):
     async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
         """Forget the caller's stored response (DELETE /v1/responses/{id}): OpenAI's deletion object; a 404
         APIError if there is none."""
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        """Anthropic's token count of a Messages request's prompt."""
 
 
 class Processor:
@@ -65,10 +68,14 @@ class Processor:
                                         per_key_cache=per_key_cache)
         responses = ResponsesService(specs, models.open_stream, limits=limits, observer=observer,
                                      per_key_cache=per_key_cache, response_store=response_store)
+        messages = MessagesService(specs, models.open_stream, limits=limits, observer=observer,
+                                   per_key_cache=per_key_cache)
         self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
                                           ResponsesRequest: responses,
-                                          InputTokensRequest: InputTokensService(responses, models)}
+                                          InputTokensRequest: InputTokensService(responses, models),
+                                          MessagesRequest: messages}
         self.tokens = TokenService(specs, models, limits=limits)
+        self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
         self.response_store = response_store
         self.stored = StoredResponses(response_store)
 
@@ -101,9 +108,12 @@ class Processor:
     async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
         return await self.stored.delete(response_id, caller)
 
+    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
+        return await self.message_tokens.count(request)
 
-# OpenTelemetry's gen_ai.operation.name; a Responses request is a chat turn in its terms.
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat"}
+
+# OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat"}
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:

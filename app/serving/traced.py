@@ -55,6 +55,8 @@ class HopProcessing:
 
     async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
         return await self.inner.delete_response(response_id, caller)
+    async def count_tokens(self, request: Any, caller: Caller) -> dict[str, Any]:
+        return await self.inner.count_tokens(request, caller)
 
 
 def _under(caller: Caller, span: Any) -> Caller:

@@ -172,3 +172,17 @@ def test_property_emitted_is_always_a_prefix_without_the_stop(text, stop, cuts):
         assert stop not in emitted
         if matched:
             break
+
+
+@pytest.mark.parametrize("i", range(1, 12))
+def test_the_matched_stop_is_named(i):
+    """The stop that completes first wins and is the one named (Anthropic's `stop_sequence`)."""
+    m = StopMatcher(["zzz", "b c", "c d"])
+    text = "a b c d e f"
+    assert m.matched is None
+    for piece in (text[:i], text[i:]):
+        out, matched = m.feed(piece)
+        if matched:
+            break
+    assert matched and m.matched == "b c"
+    assert StopMatcher(["x"]).matched is None
