@@ -134,7 +134,11 @@ class EngineHost:
         return READY
 
     def info(self) -> dict[str, Any]:
-        return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}
+        """Facts about this replica's engine: threads, GPU layers, and the bytes it downloaded itself (0 when
+        the node's cache had the file: another replica fetched it)."""
+        fetched = self.preparation.progress.done if self.preparation is not None else 0
+        return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers, "path": self.spec.path,
+                "downloaded_bytes": fetched}
 
     def check_health(self) -> None:
         # An unavailable engine, or a failed download, is a condition a restart would not fix (the

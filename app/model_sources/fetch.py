@@ -48,8 +48,13 @@ def hub_endpoint() -> str | None:
 def fetch(source: ModelSource, root: Path, progress: Progress, *, sha256: str | None = None) -> Path:
     """The local path of `source` (for a split model, its first part, the others beside it)."""
     with _node_lock(root, source.canonical(), progress):
-        path = _fetch_hub(source, root, progress) if source.kind == "hf" else _fetch_url(source, root, progress)
+        if source.kind != "hf":
+            return _fetch_url(source, root, progress, sha256)
+        path = _fetch_hub(source, root, progress)
         if sha256:
+            # A mismatching Hub file stays in huggingface_hub's cache: its blob may be shared (by content)
+            # with other files and revisions; it is named by the Hub's own hash, so fetching again would
+            # give the same bytes.
             verify_sha256(path, sha256, root)
         return path
 
@@ -69,15 +74,15 @@ def _node_lock(root: Path, key: str, progress: Progress) -> Iterator[None]:
         held.release()
 
 
-def verify_sha256(path: Path, expected: str, root: Path) -> None:
-    """FetchError("checksum") when the file's sha256 is not `expected`; the bad copy is removed so that
-    nothing loads it and a new config (or a fixed upload) fetches it again. A file that matched once is
-    remembered by its size and modification time, so a restart does not hash gigabytes again."""
+def verify_sha256(path: Path, expected: str, root: Path, *, remove_bad: bool = False) -> None:
+    """FetchError("checksum") when the file's sha256 is not `expected` (`remove_bad`: delete it then, for a
+    download not yet in place). A file that matched once is remembered by its inode, size and modification
+    time (a rename keeps them), so a restart does not hash gigabytes again."""
     expected = expected.lower()
     real = Path(os.path.realpath(path))
     stat = real.stat()
     marker = root / "verified" / expected
-    stamp = f"{real}\t{stat.st_size}\t{stat.st_mtime_ns}"
+    stamp = f"{stat.st_dev}:{stat.st_ino}\t{stat.st_size}\t{stat.st_mtime_ns}"
     if marker.is_file() and marker.read_text() == stamp:
         return
     digest = hashlib.sha256()
@@ -86,18 +91,12 @@ def verify_sha256(path: Path, expected: str, root: Path) -> None:
             digest.update(chunk)
     actual = digest.hexdigest()
     if actual != expected:
-        if _in_cache(real, root):
+        if remove_bad:
             real.unlink(missing_ok=True)
-            if path.is_symlink():
-                path.unlink(missing_ok=True)
-        raise FetchError("checksum", f"checksum mismatch for {path.name}: sha256 {actual}, the config says "
-                                     f"{expected}")
+        name = path.name.removesuffix(".part")
+        raise FetchError("checksum", f"checksum mismatch for {name}: sha256 {actual}, the config says {expected}")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(stamp)
-
-
-def _in_cache(path: Path, root: Path) -> bool:
-    return root.resolve() in path.resolve().parents
 
 
 # --- the Hugging Face Hub ------------------------------------------------------------------------------
@@ -195,7 +194,7 @@ def open_url_fs(url: str) -> tuple[Any, str]:
                                       f"llamaray[s3] or llamaray[gcs]") from None
 
 
-def _fetch_url(source: ModelSource, root: Path, progress: Progress) -> Path:
+def _fetch_url(source: ModelSource, root: Path, progress: Progress, sha256: str | None) -> Path:
     folder_url, name = source.url.rsplit("/", 1)
     folder = url_dir(root, source.url)
     targets = [(f"{folder_url}/{part}", folder / part) for part in split_parts(name)]
@@ -206,7 +205,10 @@ def _fetch_url(source: ModelSource, root: Path, progress: Progress) -> Path:
             check_free_space(folder, sum(sizes) - sum(_partial(dest) for _, dest in missing))
             progress.begin(sum(sizes))
             for (fs, path), dest in missing:
-                _copy(fs, path, dest, progress)
+                # The configured sha256 is the first part's (or the whole file's)
+                _copy(fs, path, dest, progress, sha256 if dest == targets[0][1] else None, root)
+        if sha256:
+            verify_sha256(targets[0][1], sha256, root)  # a file already here: remembered, or hashed once
     except Exception as exc:  # noqa: BLE001 - every failure becomes a FetchError with its reason
         raise url_error(exc, source.url) from exc
     return targets[0][1]
@@ -217,8 +219,9 @@ def _partial(dest: Path) -> int:
     return part.stat().st_size if part.is_file() else 0
 
 
-def _copy(fs: Any, path: str, dest: Path, progress: Progress) -> None:
-    """Copy into <dest>.part, resuming after what an earlier try left there; rename when whole."""
+def _copy(fs: Any, path: str, dest: Path, progress: Progress, sha256: str | None, root: Path) -> None:
+    """Copy into <dest>.part, resuming after what an earlier try left there; rename when whole and, given a
+    sha256, matching it (a mismatching download is deleted, never put in place)."""
     part = dest.with_name(dest.name + ".part")
     offset = _partial(dest)
     if offset:
@@ -231,6 +234,8 @@ def _copy(fs: Any, path: str, dest: Path, progress: Progress) -> None:
             progress.advance(len(chunk))
         out.flush()
         os.fsync(out.fileno())
+    if sha256:
+        verify_sha256(part, sha256, root, remove_bad=True)
     os.replace(part, dest)
 
 

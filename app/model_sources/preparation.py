@@ -71,14 +71,15 @@ class Preparation:
         return None
 
     @property
-    def reason(self) -> str | None:
-        return self.failure.reason if self.failure is not None else None
+    def busy(self) -> bool:
+        """A try is under way (its thread still runs)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def maybe_retry(self) -> bool:
         """Start another try when a retryable failure's wait is over (called from health checks)."""
         if self.failure is None or self.retry_at is None or self.clock() < self.retry_at:
             return False
-        if self._thread is not None and self._thread.is_alive():
+        if self.busy:
             return False
         log.info("model %r: fetching again after: %s", self.spec.id, self.failure)
         self._delay = min(self._delay * 2, self._max_delay)

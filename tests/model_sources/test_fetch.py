@@ -81,13 +81,20 @@ def test_no_room_refuses_before_any_download(hub, tmp_path, monkeypatch):
     assert hub.gets[(REPO, FILE)] == 0
 
 
-def test_checksum_mismatch_is_named_and_the_bad_copy_removed(hub, tmp_path, roomy):
+def test_checksum_mismatch_is_named(hub, tmp_path, roomy):
     source = pin(parse_source(f"hf://{REPO}/{FILE}"))
     with pytest.raises(FetchError) as err:
         fetch(source, tmp_path, Progress("x"), sha256="0" * 64)
     assert err.value.reason == "checksum" and err.value.lasting
-    assert f"checksum mismatch for {FILE}: sha256 {hub.sha256(hub.repos[REPO][FILE])}" in str(err.value)
-    assert not list((tmp_path / "hub").rglob(FILE)), "the file that failed its checksum is still in the cache"
+    assert f"checksum mismatch for {FILE}: sha256 {hub.sha256(hub.repos[REPO][FILE])}, the config says " \
+           f"{'0' * 64}" in str(err.value)
+
+
+def test_a_url_download_that_fails_its_checksum_is_never_put_in_place(hub, tmp_path, roomy):
+    url = f"{hub.url}/{REPO}/resolve/main/{FILE}"
+    with pytest.raises(FetchError, match="checksum mismatch"):
+        fetch(parse_source(url), tmp_path, Progress("x", say=lambda _: None), sha256="0" * 64)
+    assert not [p for p in url_dir(tmp_path, url).iterdir()], "a download that failed its checksum was kept"
 
 
 def test_a_verified_file_is_not_hashed_again_unless_it_changed(tmp_path, gguf_path):

@@ -52,13 +52,13 @@ def test_a_retryable_failure_is_tried_again_with_backoff(spec, monkeypatch):
     monkeypatch.setattr(preparation, "fetch_spec", flaky)
     started = []
     prep = Preparation(spec, started.append, clock=clock, retry_s=(30, 45))
-    assert wait_for(lambda: prep.failure, 10)
+    assert wait_for(lambda: prep.failure and not prep.busy, 10)
     assert prep.state() == ModelState("failed", "model 'smollm2-135m' could not be fetched: hf://o/r/m.gguf: "
                                                 "connection refused; next try in 30 s")
     assert not prep.maybe_retry()
     clock.now = 30
     assert prep.maybe_retry()
-    assert wait_for(lambda: prep.failure, 10) and prep.retry_at == 30 + 45  # doubled, capped at 45
+    assert wait_for(lambda: prep.failure and not prep.busy, 10) and prep.retry_at == 30 + 45  # doubled, capped at 45
     clock.now = 75
     assert prep.maybe_retry() and wait_for(lambda: started, 10) and len(calls) == 3
 
@@ -70,7 +70,7 @@ def test_a_lasting_failure_is_not_retried(spec, monkeypatch):
     monkeypatch.setattr(preparation, "fetch_spec", mismatch)
     clock = Clock()
     prep = Preparation(spec, lambda s: None, clock=clock)
-    assert wait_for(lambda: prep.failure, 10)
+    assert wait_for(lambda: prep.failure and not prep.busy, 10)
     clock.now = 1e6
     assert not prep.maybe_retry()
     assert prep.state().state == "failed" and "checksum mismatch" in prep.state().reason
