@@ -67,7 +67,7 @@ def cluster(request, source, tmp_path_factory):
     config = load_config(*overlays, {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "model_path": good, "n_ctx": 512, "n_seq_max": 2, "n_threads": 1,
-                             "startup_self_check": False},
+                             "startup_self_check": False, "routing": "load"},
                             {"id": BAD, "model_path": bad, "sha256": WRONG_SHA, "n_ctx": 256, "n_seq_max": 1,
                              "n_threads": 1}]},
         "deployments": blocks,
@@ -103,6 +103,7 @@ def test_one_node_downloads_once_however_many_replicas(cluster):
         assert 0 < cluster.hub.range_bytes[(REPO, FILE)] < 8 << 20
     if cluster.topology == "graph":
         handle = cluster.handle(deployment_name(MODEL))
+        # routing: load (Serve's random pick of two), so both replicas answer replica_info in turn
         seen: dict[str, int] = {}
 
         def both_replicas() -> bool:
