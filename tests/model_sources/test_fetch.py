@@ -150,3 +150,24 @@ def test_progress_lines_every_few_seconds_or_tenth():
     now[0] = 6.0
     p.advance(1)
     assert len(said) == 3 and p.text() == "downloading m: 111 B of 1000 B (11%)"
+
+
+def test_a_split_model_arrives_whole_from_the_hub_and_from_a_url(tmp_path, roomy, monkeypatch):
+    from tests.support.fake_hub import FakeHub
+
+    parts = {}
+    for i in (1, 2, 3):
+        part = tmp_path / f"p{i}"
+        part.write_bytes(b"GGUF" + bytes([i]) * 1000)
+        parts[f"Q4_K_M/m-Q4_K_M-{i:05d}-of-00003.gguf"] = part
+    with FakeHub({"o/split": parts}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        source = pin(parse_source("o/split:Q4_K_M"))
+        assert source.filename == "Q4_K_M/m-Q4_K_M-00001-of-00003.gguf"
+        first = fetch(source, tmp_path / "cache", Progress("x", say=lambda _: None))
+        assert first.name == "m-Q4_K_M-00001-of-00003.gguf"
+        assert sorted(p.name for p in first.parent.iterdir()) == [f"m-Q4_K_M-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+        assert all(hub.gets[("o/split", name)] == 1 for name in parts)
+        url = f"{hub.url}/o/split/resolve/main/Q4_K_M/m-Q4_K_M-00001-of-00003.gguf"
+        first = fetch(parse_source(url), tmp_path / "cache", Progress("x", say=lambda _: None))
+        assert [(first.parent / f"m-Q4_K_M-{i:05d}-of-00003.gguf").read_bytes()[4] for i in (1, 2, 3)] == [1, 2, 3]
