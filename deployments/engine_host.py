@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import ray
@@ -18,8 +18,10 @@ from app.engine.events import Event, Started
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
+from app.model_sources.local_copy import needs_fetch
+from app.model_sources.preparation import Preparation
 from app.observe import tracing
-from app.serving.models import READY, ModelState
+from app.serving.models import LOADING, READY, ModelState
 
 from .metrics import EngineGauges
 
@@ -31,34 +33,51 @@ WAITING_PER_SLOT = 4
 
 
 class EngineHost:
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, on_change: Callable[[], None] = lambda: None) -> None:
+        """`on_change`: called (from another thread) when the state changes after the constructor returned:
+        a download's end, the engine's start after it."""
         # The auto values (threads, GPU layers) are decided here, from what Ray gave this replica.
         assigned = ray.get_runtime_context().get_assigned_resources()
         self.spec = place(spec, cpus=assigned.get("CPU"), gpus=len(ray.get_gpu_ids()))
         logger.info("model %r: n_threads %d, n_threads_batch %d, n_gpu_layers %d (reserved for this replica: %s)",
                     spec.id, self.spec.n_threads, self.spec.n_threads_batch, self.spec.n_gpu_layers, assigned)
-        # A model llama.cpp cannot run here leaves the replica up, saying why (/health, errors, log),
-        # instead of a crash that Serve would restart forever.
+        # A model llama.cpp cannot run here, or whose file cannot be fetched, leaves the replica up, saying
+        # why (/health, errors, log), instead of a crash that Serve would restart forever.
         self.engine, self.unavailable = None, None
-        try:
-            self.engine = start_engine(self.spec)
-        except EngineUnavailable as exc:
-            self.unavailable = str(exc)
-            logger.error("%s", exc)
+        # A remote model (or one with a checksum) is fetched in the background: the constructor returns at
+        # once and Serve's health checks pass while it downloads; the engine starts when it is here.
+        self.preparation = (Preparation(self.spec, self._start_engine, on_change=on_change)
+                            if needs_fetch(self.spec) else None)
+        if self.preparation is None:
+            self._start_engine(self.spec)
         self.gauges = EngineGauges(self.spec.id)
         self._gauge_task: asyncio.Task | None = None
         # Requests through `generate` not yet started: being prepared (off the event loop) or waiting for
         # a slot. The engine's own queue does not see the ones still being prepared.
         self._unstarted = 0
 
+    def _start_engine(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        try:
+            self.engine = start_engine(spec)
+        except EngineUnavailable as exc:
+            self.unavailable = str(exc)
+            logger.error("%s", exc)
+
     async def _publish_gauges(self) -> None:
+        while self.engine is None and self.unavailable is None:  # still fetching or starting
+            await asyncio.sleep(1.0)
         while self.engine is not None:
             self.gauges.update(self.engine.stats())
             await asyncio.sleep(1.0)
 
     def _ready_engine(self):
         if self.engine is None:
-            raise service_unavailable(self.unavailable, code="engine_unavailable")
+            if self.unavailable is not None:
+                raise service_unavailable(self.unavailable, code="engine_unavailable")
+            state = self.state()
+            code = {"failed": "model_fetch_failed", "downloading": "model_downloading"}.get(state.state, "model_loading")
+            raise service_unavailable(state.reason or f"model {self.spec.id!r} is starting; retry shortly", code=code)
         return self.engine
 
     async def generate(self, request: GenerationRequest, *, bounded: bool = False) -> AsyncIterator[list[Event]]:
@@ -99,22 +118,33 @@ class EngineHost:
 
     def stats(self) -> dict[str, Any]:
         if self.engine is None:
-            return {"model": self.spec.id, "pid": os.getpid(), "healthy": False, "error": self.unavailable}
+            return {"model": self.spec.id, "pid": os.getpid(), "healthy": False,
+                    "error": self.unavailable or self.state().reason}
         return {"model": self.spec.id, "pid": os.getpid(), **self.engine.stats()}
 
     def state(self) -> ModelState:
         """Whether this engine serves, without taking its lock (read by /health)."""
         if self.engine is None:
-            return ModelState("unavailable", self.unavailable)
+            if self.unavailable is not None:
+                return ModelState("unavailable", self.unavailable)
+            fetching = self.preparation.state() if self.preparation is not None else None
+            return fetching or LOADING
         if not self.engine.healthy():
             return ModelState("unavailable", f"the llama.cpp engine stopped: {self.engine.broken}")
         return READY
 
     def info(self) -> dict[str, Any]:
-        return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers}
+        """Facts about this replica's engine: threads, GPU layers, and the bytes it downloaded itself (0 when
+        the node's cache had the file: another replica fetched it)."""
+        fetched = self.preparation.progress.done if self.preparation is not None else 0
+        return {"n_threads": self.spec.n_threads, "n_gpu_layers": self.spec.n_gpu_layers, "path": self.spec.path,
+                "downloaded_bytes": fetched}
 
     def check_health(self) -> None:
-        # An unavailable engine is a lasting condition, not a replica fault: a restart would not fix it.
+        # An unavailable engine, or a failed download, is a condition a restart would not fix (the
+        # preparation tries a download again itself when another try may help), not a replica fault.
+        if self.preparation is not None:
+            self.preparation.maybe_retry()
         if self.engine is not None and not self.engine.healthy():
             raise RuntimeError(f"llama.cpp engine for {self.spec.id} is unhealthy: {self.engine.broken}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ray import serve
@@ -20,17 +21,23 @@ from .replica import replica_info
 class LlamaModel:
     def __init__(self, spec: ModelSpec, tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
-        self.host = EngineHost(spec)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
         self._published: ModelState | None = None
+        self._publish_lock = threading.Lock()
+        # A download's progress is published on each health check; its end and the engine's start at once.
+        self.host = EngineHost(spec, on_change=self._publish)
         self._publish()
 
     def _publish(self) -> None:
-        state = self.host.state()
-        if state != self._published:
-            model_status.publish(*self._where, state)
-            self._published = state
+        host = getattr(self, "host", None)
+        if host is None:
+            return  # the constructor publishes once the host exists
+        with self._publish_lock:
+            state = host.state()
+            if state != self._published:
+                model_status.publish(*self._where, state)
+                self._published = state
 
     async def generate(self, request: GenerationRequest):
         async for batch in self.host.generate(request):

@@ -139,7 +139,9 @@ def cluster_model_states(app_name: str, specs: list[ModelSpec], unplaced: dict[s
         if any(s.ready for s in states):
             out[spec.id] = READY
         elif states and len(states) == len(running):
-            out[spec.id] = next((s for s in states if s.state == "unavailable"), states[0])
+            # What most needs saying: a replica that cannot serve, then one still downloading.
+            out[spec.id] = next((s for s in states if s.failing),
+                                next((s for s in states if s.state == "downloading"), states[0]))
         else:
             out[spec.id] = LOADING
     return out

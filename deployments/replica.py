@@ -1,4 +1,5 @@
-"""What a replica says about itself: process, Serve replica id, reserved resources (placement and fault tests)."""
+"""What a replica says about itself: process, node, Serve replica id, reserved resources (placement and fault
+tests)."""
 
 from __future__ import annotations
 
@@ -10,5 +11,6 @@ from ray import serve
 
 
 def replica_info() -> dict[str, Any]:
+    context = ray.get_runtime_context()
     return {"pid": os.getpid(), "replica_id": serve.get_replica_context().replica_id.unique_id,
-            "resources": ray.get_runtime_context().get_assigned_resources()}
+            "node_id": context.get_node_id(), "resources": context.get_assigned_resources()}

@@ -2,14 +2,16 @@
 
 The builder validates every configured model at `serve run` time (path, format, chat template)
 on a CPU node that may never load llama.cpp, so this is plain Python over the documented format:
-magic "GGUF", version, tensor count, kv count, then typed key/value pairs.
+magic "GGUF", version, tensor count, kv count, then typed key/value pairs. Reading stops at the end
+of the key/value section: the tensor infos and data that follow are never touched, so the same
+reader works over a remote file object (range reads) with a bound on the bytes it may read.
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 GGUF_MAGIC = b"GGUF"
 
@@ -23,6 +25,26 @@ _STRING, _ARRAY = 8, 9
 
 class GGUFError(ValueError):
     """The file is not a readable GGUF model."""
+
+
+class _Bounded:
+    """A file object that refuses to read past `limit` bytes from the start: a remote header whose
+    metadata claims more than that fails early instead of fetching a model's worth of data. Skipped
+    numeric arrays (a seek) cost nothing; only bytes actually read count."""
+
+    def __init__(self, f: IO[bytes], limit: int) -> None:
+        self.f, self.limit = f, limit
+
+    def read(self, n: int) -> bytes:
+        if self.f.tell() + n > self.limit:
+            raise GGUFError(f"the GGUF metadata is larger than the {self.limit} bytes allowed for a header read")
+        return self.f.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 def _read(f: BinaryIO, fmt: str) -> Any:
@@ -75,24 +97,35 @@ def _read_value(f: BinaryIO, vtype: int, keep: bool) -> Any:
     raise GGUFError(f"unknown GGUF value type {vtype}")
 
 
-def read_metadata(path: str | Path, keep_arrays: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Return the GGUF key/value metadata. Arrays are kept only for keys in `keep_arrays`."""
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise GGUFError(f"{path} is not a GGUF file (bad magic)")
-        version = _read(f, "<I")
-        if version < 2:
-            raise GGUFError(f"{path}: GGUF version {version} is not supported")
-        _read(f, "<Q")  # tensor count
-        n_kv = _read(f, "<Q")
-        meta: dict[str, Any] = {"gguf.version": version}
-        for _ in range(n_kv):
-            key = _read_string(f)
-            vtype = _read(f, "<I")
-            value = _read_value(f, vtype, keep=key in keep_arrays)
-            if value is not None:
-                meta[key] = value
-        return meta
+def read_metadata(source: str | Path | IO[bytes], keep_arrays: tuple[str, ...] = (),
+                  max_bytes: int | None = None) -> dict[str, Any]:
+    """Return the GGUF key/value metadata of a path or a seekable binary file object (left open).
+    Arrays are kept only for keys in `keep_arrays`. `max_bytes`: read no byte past that offset
+    (GGUFError if the metadata goes on)."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as f:
+            return _read_all(f, str(source), keep_arrays, max_bytes)
+    return _read_all(source, getattr(source, "path", None) or "the file", keep_arrays, max_bytes)
+
+
+def _read_all(f: IO[bytes], name: str, keep_arrays: tuple[str, ...], max_bytes: int | None) -> dict[str, Any]:
+    if max_bytes is not None:
+        f = _Bounded(f, max_bytes)  # type: ignore[assignment]
+    if f.read(4) != GGUF_MAGIC:
+        raise GGUFError(f"{name} is not a GGUF file (bad magic)")
+    version = _read(f, "<I")
+    if version < 2:
+        raise GGUFError(f"{name}: GGUF version {version} is not supported")
+    _read(f, "<Q")  # tensor count
+    n_kv = _read(f, "<Q")
+    meta: dict[str, Any] = {"gguf.version": version}
+    for _ in range(n_kv):
+        key = _read_string(f)
+        vtype = _read(f, "<I")
+        value = _read_value(f, vtype, keep=key in keep_arrays)
+        if value is not None:
+            meta[key] = value
+    return meta
 
 
 def special_token_text(meta: dict[str, Any], tokens: list[str] | None, key: str) -> str:

@@ -1,8 +1,10 @@
 """Build-time configuration: the `args` of the serve application, validated by pydantic.
 
-`resolve_models` turns each `ModelConfig` into a `ModelSpec`: an absolute GGUF path that exists,
-the chat template (from the GGUF unless configured) and the special tokens the template needs.
-Every problem raises `ConfigError` with one line that names the model and the field.
+`resolve_models` turns each `ModelConfig` into a `ModelSpec`: an absolute GGUF path that exists, or a
+remote source (app/model_sources) that each node running the model fetches; the chat template (from
+the GGUF, read here in full or, for a remote source, by its header alone, unless configured) and the
+special tokens the template needs. Every problem raises `ConfigError` with one line that names the
+model and the field.
 
 Two values are left open ("auto", None) at build time because they depend on where a replica lands,
 not on the node that builds the app: `n_gpu_layers` (all layers when the replica was given a GPU,
@@ -13,6 +15,7 @@ replica, from plain values the Ray wiring passes in.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import re
@@ -22,8 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..model_sources.fetch import FetchError
+from ..model_sources.header import pin, read_header
+from ..model_sources.quant import QuantError
+from ..model_sources.source import ModelSource, parse_source
 from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
+log = logging.getLogger("llamaray.config")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
@@ -35,8 +43,15 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="the `model` name clients send")
-    model_path: str | None = Field(None, description="GGUF file path, or pkg:<package>/<file> for a GGUF shipped in "
-                                                     "a package (required for `engine: llama`)")
+    model_path: str | None = Field(None, description="the GGUF (required for `engine: llama`): a file path on every "
+                                   "node that runs it; pkg:<package>/<file> (shipped in a package); "
+                                   "hf://<org>/<repo>/<file.gguf>[@<revision>] or <org>/<repo>:<quant>[@<revision>] "
+                                   "(the Hugging Face Hub); s3://, gs:// or https:// URLs. Remote sources are "
+                                   "fetched by each node that runs the model, once, into its model cache")
+    sha256: str | None = Field(None, description="the GGUF's sha256 (of the first part, for a split model): a "
+                                                 "replica refuses a file that does not match")
+    mmproj_path: str | None = Field(None, description="a multimodal projector GGUF, in the forms of model_path "
+                                                      "(fetched along with the model)")
     engine: Literal["llama", "synthetic"] = Field(
         "llama", description="`llama`: the GGUF on llama.cpp; `synthetic`: no model, tokens at the rates of "
                              "`synthetic` (capacity planning of the graph at a GPU's speed on any machine)")
@@ -81,6 +96,20 @@ class ModelConfig(BaseModel):
         if self.synthetic is not None and self.engine != "synthetic":
             raise ValueError("`synthetic` rates apply to `engine: synthetic` only")
         return self
+
+    @field_validator("model_path", "mmproj_path")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_source(v)  # SourceError is a ValueError: pydantic reports it at the field
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return v.lower() if v else v
 
     @field_validator("n_gpu_layers")
     @classmethod
@@ -207,6 +236,8 @@ class AppArgs(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    model_cache: str | None = Field(None, description="each node's folder for fetched models (default: "
+                                    "~/.cache/llamaray/models); $LLAMARAY_MODEL_CACHE in a node's environment wins")
     topology: Literal["graph", "single"] = Field(
         "graph", description="`graph`: an Ingress, a ChatProcessor and one LlamaModel deployment per model, each "
                              "scaled on its own (clusters); `single`: one Ingress replica that also renders prompts "
@@ -267,7 +298,17 @@ class ModelSpec:
     # Texts of the vocabulary's control tokens (GGUF token types CONTROL, UNKNOWN): prompt_check's
     # list of what client text must never become; () turns that check off.
     control_tokens: tuple[str, ...] = ()
-
+    # A remote model: `source` is what each replica fetches (a Hub file pinned to a commit), `path` is
+    # "" until it has. `sha256` is checked by the replica, whatever the source.
+    source: str = ""
+    sha256: str | None = None
+    mmproj_source: str = ""  # a remote multimodal projector, fetched like `source`
+    mmproj_path: str = ""  # the projector's local file (once fetched)
+    model_cache: str | None = None  # AppArgs.model_cache
+    # Where the builder found the metadata: "file" (a local GGUF), "header" (a remote GGUF's header, by
+    # range reads) or "config" (the header was not readable: `metadata_note` says why; config values only).
+    metadata_from: str = "file"
+    metadata_note: str = ""
 
 
 def parse_args(raw: dict[str, Any] | None) -> AppArgs:
@@ -292,16 +333,27 @@ def resolve_path(model_path: str) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(model_path))).resolve()
 
 
+KEPT_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+
+
 def resolve_model(cfg: ModelConfig) -> ModelSpec:
     if cfg.engine == "synthetic":
         return synthetic_spec(cfg)
-    path = resolve_path(cfg.model_path)
-    if not path.is_file():
-        raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
-    try:
-        meta = read_metadata(path, keep_arrays=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
-    except (GGUFError, OSError) as exc:
-        raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
+    source = parse_source(cfg.model_path)
+    where: dict[str, Any] = {"sha256": cfg.sha256, **_mmproj(cfg)}
+    if source.remote:
+        meta, remote, note = _remote_metadata(cfg, source)
+        where.update(path="", source=remote.canonical(), metadata_from="config" if note else "header",
+                     metadata_note=note)
+    else:
+        path = resolve_path(cfg.model_path)
+        if not path.is_file():
+            raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r} does not exist ({path})")
+        try:
+            meta = read_metadata(path, keep_arrays=KEPT_ARRAYS)
+        except (GGUFError, OSError) as exc:
+            raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
+        where["path"] = str(path)
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
     if not template:
         raise ConfigError(
@@ -310,13 +362,53 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
     tokens = meta.get("tokenizer.ggml.tokens")
     return ModelSpec(
         **resolve_model_fields(cfg),
-        path=str(path),
+        **where,
         chat_template=template,
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
         control_tokens=control_token_texts(meta),
     )
+
+
+def _remote_metadata(cfg: ModelConfig, source: ModelSource) -> tuple[dict[str, Any], ModelSource, str]:
+    """(metadata, the source pinned, "") from the remote GGUF's header, read here without fetching the
+    file. When it cannot be read and the config names the chat template, the app still builds: ({},
+    the source, why), and each replica reports what fetching it gives."""
+    try:
+        pinned = pin(source)
+        return read_header(pinned, keep_arrays=KEPT_ARRAYS), pinned, ""
+    except QuantError as exc:
+        raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r}: {exc}") from None
+    except (FetchError, GGUFError) as exc:
+        if not cfg.chat_template or source.filename is None:
+            needs = ("name the file (hf://<org>/<repo>/<file.gguf>) and set `chat_template`" if source.filename is None
+                     else "set `chat_template` in its config")
+            raise ConfigError(f"model {cfg.id!r}: cannot read the GGUF header of {cfg.model_path!r}: {exc}; to "
+                              f"deploy without reading it, {needs}") from None
+        log.warning("model %r: the GGUF header of %s was not read (%s); using the configured chat_template",
+                    cfg.id, cfg.model_path, exc)
+        return {}, source, str(exc)
+
+
+def _mmproj(cfg: ModelConfig) -> dict[str, str]:
+    """The projector's fields of the spec: a remote source (pinned) or a local file that exists."""
+    if not cfg.mmproj_path:
+        return {}
+    source = parse_source(cfg.mmproj_path)
+    if source.kind == "hf" and source.filename is None:
+        raise ConfigError(f"model {cfg.id!r}: mmproj_path {cfg.mmproj_path!r}: name the projector's file "
+                          f"(hf://<org>/<repo>/<file.gguf>), not a quantization")
+    if source.remote:
+        try:
+            source = pin(source)
+        except FetchError as exc:  # the replicas will say so; the model itself may still serve text
+            log.warning("model %r: mmproj_path %s: %s", cfg.id, cfg.mmproj_path, exc)
+        return {"mmproj_source": source.canonical()}
+    path = resolve_path(cfg.mmproj_path)
+    if not path.is_file():
+        raise ConfigError(f"model {cfg.id!r}: mmproj_path {cfg.mmproj_path!r} does not exist ({path})")
+    return {"mmproj_path": str(path)}
 
 
 def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
@@ -359,7 +451,7 @@ def place(spec: ModelSpec, *, cpus: float | None = None, gpus: int = 0) -> Model
 
 
 def resolve_models(args: AppArgs) -> list[ModelSpec]:
-    return [resolve_model(m) for m in args.models]
+    return [replace(resolve_model(m), model_cache=args.model_cache) for m in args.models]
 
 
 def deployment_name(model_id: str) -> str:

@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     cluster = (yaml.safe_load(ns.cluster.read_text()) or {}) if ns.cluster else None
-    problems = check_config(yaml.safe_load(ns.config.read_text()) or {}, cluster)
+    notes: list[str] = []
+    problems = check_config(yaml.safe_load(ns.config.read_text()) or {}, cluster, notes)
+    for line in notes:
+        print(f"llamaray: {line}")
     for line in problems:
         print(f"llamaray: config error: {line}", file=sys.stderr)
     return 1 if problems else 0

@@ -1,6 +1,7 @@
 """`llamaray check-config`: the whole serve config file, not only its args, one line per problem.
 
-Per application: the args as the builder validates them (models resolved, templates checked); then each
+Per application: the args as the builder validates them (models resolved, templates checked; where each
+model comes from and whether a remote GGUF's header was readable goes to `notes`); then each
 `deployments:` block against the models (a name that matches none; a model that offloads layers to a GPU
 its deployment does not reserve, or reserves a GPU it keeps no layer on; more ongoing requests than the
 model has slots; a `num_replicas` that the builder's autoscaling default overrides; a `request_router_config`
@@ -15,9 +16,10 @@ from typing import Any
 from ..config.settings import (
     ConfigError,
     ModelConfig,
+    ModelSpec,
     deployment_name,
     parse_args,
-    resolve_models,
+    resolve_model,
 )
 from .placement import (
     CORE_DEPLOYMENTS,
@@ -36,12 +38,17 @@ from ..config.preflight import preflight
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
+def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None,
+                 notes: list[str] | None = None) -> list[str]:
+    """The problems, one line each; `notes` (when given) gets one line per model saying where it comes from."""
     problems = []
     host = str((config.get("http_options") or {}).get("host", "127.0.0.1"))  # Serve's default: loopback
     for app in config.get("applications") or []:
         name = app.get("name", "?")
-        problems += [f"{name}: {line}" for line in check_application(app, cluster)]
+        app_notes: list[str] = []
+        problems += [f"{name}: {line}" for line in check_application(app, cluster, app_notes)]
+        if notes is not None:
+            notes += [f"{name}: {line}" for line in app_notes]
         if host not in LOOPBACK and not _requires_keys(app):
             problems.append(f"{name}: serves on {host} (beyond this machine) without `auth.required: true`: "
                             f"anyone who reaches the port could use the models; require keys (and give the "
@@ -49,22 +56,38 @@ def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None) 
     return problems
 
 
+def source_note(model: ModelConfig, spec: ModelSpec) -> str:
+    """Where a model comes from and where the builder found its metadata."""
+    if spec.engine == "synthetic":
+        return f"model {model.id!r}: synthetic engine (no file)"
+    if not spec.source:
+        return f"model {model.id!r}: {spec.path} (a file every node that runs it must have; metadata read from it)"
+    header = ("header read by range requests" if spec.metadata_from == "header"
+              else f"header NOT readable ({spec.metadata_note}); the configured chat_template is used")
+    return f"model {model.id!r}: {spec.source} (fetched by each node that runs it, into its model cache); {header}"
+
+
 def _requires_keys(app: dict[str, Any]) -> bool:
     auth = (app.get("args") or {}).get("auth")
     return isinstance(auth, dict) and auth.get("required") is True
 
 
-def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None) -> list[str]:
+def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None,
+                      notes: list[str] | None = None) -> list[str]:
     try:
         args = parse_args(app.get("args"))
     except ConfigError as exc:
         return [str(exc)]  # without valid args there are no models to check the deployments against
     problems = []
-    try:
-        for spec in resolve_models(args):
+    for model in args.models:
+        try:
+            spec = resolve_model(model)
             preflight(spec)
-    except ConfigError as exc:
-        problems.append(str(exc))
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        if notes is not None:
+            notes.append(source_note(model, spec))
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
     models = {deployment_name(m.id): m for m in args.models}
     single = args.topology == "single"

@@ -41,9 +41,20 @@ API_KEYS_SECRET = "llamaray-api-keys"
 API_KEYS_ENV = {"name": "LLAMARAY_API_KEYS",
                 "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": "keys"}}}
 
+# Credentials for models fetched by name (docs/configuration.md, Model sources), from optional Secrets: a
+# pod starts without them (public repos, an instance role), and reads them when the operator creates them:
+#   kubectl create secret generic llamaray-hf-token --from-literal=token=hf_...
+#   kubectl create secret generic llamaray-aws --from-literal=access_key_id=... --from-literal=secret_access_key=...
+SOURCE_CREDENTIALS_ENV = [
+    {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+    for env, secret, key in (("HF_TOKEN", "llamaray-hf-token", "token"),
+                             ("AWS_ACCESS_KEY_ID", "llamaray-aws", "access_key_id"),
+                             ("AWS_SECRET_ACCESS_KEY", "llamaray-aws", "secret_access_key"))]
+
 
 def _container(name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None) -> dict:
-    container: dict[str, Any] = {"name": name, "image": image, "env": [copy.deepcopy(API_KEYS_ENV)],
+    env = [copy.deepcopy(API_KEYS_ENV), *copy.deepcopy(SOURCE_CREDENTIALS_ENV)]
+    container: dict[str, Any] = {"name": name, "image": image, "env": env,
                                  "resources": {"requests": dict(resources), "limits": dict(resources)}}
     if ports:
         container["ports"] = ports

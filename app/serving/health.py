@@ -55,15 +55,21 @@ class HealthCache:
 
 
 def health_body(states: dict[str, ModelState], models: list[str], detailed: bool) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, body): 200 when every model is ready; else 503, `unavailable` when one cannot serve
-    (with the reasons, for a caller allowed to see them) and `loading` otherwise."""
-    ok = all(states.get(m, LOADING).ready for m in models)
-    reasons = {m: s.reason for m, s in states.items() if s.state == "unavailable" and s.reason}
-    failing = any(states.get(m, LOADING).state == "unavailable" for m in models)
-    body: dict[str, Any] = {"status": "ok" if ok else "unavailable" if failing else "loading"}
+    """(HTTP status, body): 200 when every model is ready; else 503: `unavailable` when one cannot serve
+    (it cannot run here, or fetching it failed), `downloading` when one is being fetched, `loading`
+    otherwise; with why each failing model fails (`errors`) and how far each download is (`downloads`) for a caller allowed to see them."""
+    current = {m: states.get(m, LOADING) for m in models}
+    ok = all(s.ready for s in current.values())
+    reasons = {m: s.reason for m, s in current.items() if s.reason and s.failing}
+    downloads = {m: s.reason for m, s in current.items() if s.reason and s.state == "downloading"}
+    status = ("ok" if ok else "unavailable" if any(s.failing for s in current.values())
+              else "downloading" if any(s.state == "downloading" for s in current.values()) else "loading")
+    body: dict[str, Any] = {"status": status}
     if detailed:
-        body["models"] = {m: states.get(m, LOADING).ready for m in models}
-        body["states"] = {m: states.get(m, LOADING).state for m in models}
+        body["models"] = {m: s.ready for m, s in current.items()}
+        body["states"] = {m: s.state for m, s in current.items()}
         if reasons:
             body["errors"] = reasons
+        if downloads:
+            body["downloads"] = downloads
     return (200 if ok else 503), body

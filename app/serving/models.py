@@ -10,14 +10,18 @@ from typing import Any, Literal, Protocol
 from ..engine.events import Event
 from ..engine.params import GenerationRequest
 
-State = Literal["ready", "loading", "unavailable"]
+State = Literal["ready", "loading", "downloading", "failed", "unavailable"]
+# States that /health and requests report as a failure, with their reason.
+FAILING: frozenset[str] = frozenset({"failed", "unavailable"})
 
 
 @dataclass(frozen=True)
 class ModelState:
     """Whether a model can serve now. `ready`: it answers requests (a model scaled to zero is ready: the
-    first request waits for a replica); `loading`: it will, once a replica has loaded (or fetched) it;
-    `unavailable`: it cannot, for `reason` (a model llama.cpp cannot run here, no node can hold it)."""
+    first request waits for a replica); `loading`: it will, once a replica has loaded it; `downloading`:
+    a replica is fetching its file (`reason`: the progress); `failed`: fetching it failed (`reason`: why,
+    and whether it is tried again); `unavailable`: it cannot, for `reason` (a model llama.cpp cannot run
+    here, no node can hold it)."""
 
     state: State
     reason: str | None = None
@@ -25,6 +29,10 @@ class ModelState:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def failing(self) -> bool:
+        return self.state in FAILING
 
 
 READY = ModelState("ready")

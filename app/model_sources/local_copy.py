@@ -1,0 +1,33 @@
+"""In the replica: the spec with local files for everything the builder left remote (the model, its
+projector), fetched into this node's cache, and the configured sha256 checked whatever the source."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ..config.settings import ModelSpec
+from .cache import cache_root
+from .fetch import fetch, verify_sha256
+from .progress import Progress
+from .source import parse_source
+
+
+def needs_fetch(spec: ModelSpec) -> bool:
+    """Whether the replica has work before it can load the model (a download, a checksum)."""
+    return bool(spec.source or spec.mmproj_source or spec.sha256)
+
+
+def fetch_spec(spec: ModelSpec, progress: Progress) -> ModelSpec:
+    """`spec` with `path` (and `mmproj_path`) local; FetchError when a source cannot be had."""
+    root = cache_root(spec.model_cache)
+    path, mmproj = spec.path, spec.mmproj_path
+    if spec.source:
+        path = str(fetch(parse_source(spec.source), root, progress, sha256=spec.sha256))
+    elif spec.sha256:
+        progress.wait("checking its sha256")
+        verify_sha256(Path(path), spec.sha256, root)
+    if spec.mmproj_source:
+        progress.label = spec.mmproj_source
+        mmproj = str(fetch(parse_source(spec.mmproj_source), root, progress))
+    return replace(spec, path=path, mmproj_path=mmproj)
