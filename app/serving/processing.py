@@ -11,6 +11,8 @@ from typing import Any, Protocol, Union
 from ..observe import tracing
 from ..chat import ChatService
 from ..completions import CompletionService
+from ..embeddings import EmbeddingService
+from ..api.embeddings import EmbeddingRequest
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -18,8 +20,8 @@ from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest]
-"""A request that generates: its type says which protocol answers it."""
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, EmbeddingRequest]
+"""A request to a model: its type says which protocol answers it (embeddings only through `respond`)."""
 
 
 class Processing(Protocol):
@@ -47,7 +49,8 @@ class Processor:
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions}
+        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
+                                          EmbeddingRequest: EmbeddingService(specs, models, limits)}
         self.tokens = TokenService(specs, models, limits=limits)
 
     def _service(self, request: APIRequest) -> Any:
@@ -74,7 +77,7 @@ class Processor:
         return await self.tokens.detokenize(request)
 
 
-OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # OpenTelemetry's gen_ai.operation.name
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}  # OpenTelemetry's gen_ai.operation.name
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
@@ -82,6 +85,6 @@ def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
     operation = OPERATIONS[service.protocol]
     attributes = {"llamaray.tier": "processor", "llamaray.protocol": service.protocol,
                   "gen_ai.operation.name": operation, "gen_ai.request.model": request.model,
-                  "llamaray.stream": bool(request.stream)}
+                  "llamaray.stream": bool(getattr(request, "stream", False))}
     return tracing.current().start(f"{operation} {request.model}", parent=caller.traceparent, kind="server",
                                    attributes=attributes)
