@@ -95,12 +95,19 @@ class EngineHost:
             if tracing.current().enabled:
                 tracing.record_generation(timeline, request, self.spec.id, failure)
 
-    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
-        """An embedding model's vectors for the job's inputs (batched with other requests' by its engine)."""
+    async def embed(self, job: EmbeddingJob, *, bounded: bool = False) -> EmbeddingResult:
+        """An embedding model's vectors for the job's inputs (batched with other requests' by its engine).
+        `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
         engine = self._ready_engine()
         if not isinstance(engine, EmbeddingEngine):
             raise wrong_kind(self.spec.id, "chat", "/v1/embeddings")
-        return await embed(engine, job)
+        if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
+            raise overloaded()
+        self._unstarted += 1
+        try:
+            return await embed(engine, job)
+        finally:
+            self._unstarted -= 1
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)

@@ -33,7 +33,7 @@ class LocalModels:
 
     async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
         try:
-            return await self.hosts[model_id].embed(job)
+            return await self.hosts[model_id].embed(job, bounded=True)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
             raise to_api_error(exc) from None
 
