@@ -15,7 +15,10 @@ class EmbeddingRequest(_Model):
     model: str = Field(min_length=1)
     # A string, a list of strings, a list of token ids, or a list of lists of token ids: read by `inputs`,
     # which names the element at fault (a union's validation errors would name none).
-    input: Any
+    input: Any = Field(json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]})
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None

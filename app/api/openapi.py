@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .embeddings import EmbeddingRequest
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -48,7 +49,7 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     components: dict[str, Any] = {}
     for name, model in (("CreateChatCompletionRequest", ChatCompletionRequest),
                         ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
-                        ("DetokenizeRequest", DetokenizeRequest)):
+                        ("DetokenizeRequest", DetokenizeRequest), ("CreateEmbeddingRequest", EmbeddingRequest)):
         request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(request.pop("$defs", {}))
         components[name] = request
@@ -71,6 +72,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
             }},
             "/v1/completions": _post("createCompletion", "CreateCompletionRequest",
                                      "A text_completion, or an SSE stream of them when `stream`", errors, stream=True),
+            "/v1/embeddings": _post("createEmbedding", "CreateEmbeddingRequest",
+                                    "A list of embeddings (an embedding model)", errors),
             "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),
             "/detokenize": _post("detokenize", "DetokenizeRequest", "`prompt`: the tokens' text", errors),
             "/v1/models": {"get": {"operationId": "listModels", "responses": {
