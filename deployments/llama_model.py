@@ -1,4 +1,5 @@
-"""LlamaModel: one replica owns one llama.cpp context and batches many requests over it."""
+"""LlamaModel: one replica owns one llama.cpp context and batches many requests over it: generations for a
+chat model, embeddings for an embedding model (`kind` in its entry; EngineHost starts the engine it names)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ray import serve
 
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
+from app.engine.params import EmbeddingJob, EmbeddingResult
 from app.observe import tracing
 from app.serving.models import ModelState
 
@@ -42,6 +44,9 @@ class LlamaModel:
     async def generate(self, request: GenerationRequest):
         async for batch in self.host.generate(request):
             yield batch
+
+    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+        return await self.host.embed(job)
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await self.host.tokenize(text, add_special)

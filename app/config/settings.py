@@ -43,6 +43,9 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="the `model` name clients send")
+    kind: Literal["chat", "embedding"] = Field(
+        "chat", description="`chat`: a generating model (chat and legacy completions); `embedding`: an embedding "
+                            "model, served on /v1/embeddings")
     model_path: str | None = Field(None, description="the GGUF (required for `engine: llama`): a file path on every "
                                    "node that runs it; pkg:<package>/<file> (shipped in a package); "
                                    "hf://<org>/<repo>/<file.gguf>[@<revision>] or <org>/<repo>:<quant>[@<revision>] "
@@ -88,6 +91,31 @@ class ModelConfig(BaseModel):
                               "most likely holding the prompt's longest prefix in its KV cache (falling back to "
                               "load when it is busy); `load` is Serve's default (power of two choices)")
     owned_by: str = "llamaray"
+    # Embedding models (kind: embedding) only.
+    pooling: Literal["mean", "cls", "last"] | None = Field(
+        None, description="how token vectors become one vector per input (default: the GGUF's pooling_type)")
+    normalize: bool = Field(True, description="scale each vector to unit length (L2), as OpenAI's are")
+    dimensions: list[int] | None = Field(
+        None, min_length=1, description="vector sizes a request's `dimensions` may ask for: the prefixes the model "
+                                        "was trained to keep meaning in (Matryoshka); none: no truncation")
+
+    @model_validator(mode="after")
+    def _kind_keys(self) -> "ModelConfig":
+        """Keys that mean nothing for the model's kind are refused, not silently ignored."""
+        given = self.model_fields_set
+        wrong = CHAT_ONLY_KEYS if self.kind == "embedding" else EMBEDDING_ONLY_KEYS
+        named = [k for k in wrong if k in given]
+        if named:
+            keys = ", ".join(f"`{k}`" for k in named)
+            if self.kind == "embedding":
+                raise ValueError(f"{keys} apply to chat models; model {self.id!r} is `kind: embedding` "
+                                 f"(it serves /v1/embeddings: no template, no generation)")
+            raise ValueError(f"{keys} apply to `kind: embedding` models; model {self.id!r} is a chat model")
+        if self.kind == "embedding" and self.engine != "llama":
+            raise ValueError("an embedding model runs on `engine: llama`")
+        if self.dimensions is not None and any(d < 1 for d in self.dimensions):
+            raise ValueError("`dimensions` are vector sizes: positive integers")
+        return self
 
     @model_validator(mode="after")
     def _engine_needs(self) -> "ModelConfig":
@@ -126,6 +154,12 @@ class ModelConfig(BaseModel):
         if not MODEL_ID_RE.match(v):
             raise ValueError("model id must be 1-128 chars of letters, digits, '_', '.', ':', '/', '-'")
         return v
+
+
+CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
+                  "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
+                  "prompt_cache_mib", "routing", "synthetic")
+EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 
 
 class SyntheticSettings(BaseModel):
@@ -179,6 +213,11 @@ class Limits(BaseModel):
     max_logprob_entries: int = Field(65536, ge=1, description="most logprob entries one request may produce: "
                                      "prompt tokens scored x (1 + logprobs) plus generated tokens x choices x "
                                      "(1 + logprobs), over all its prompts")
+    # OpenAI's own bounds on one embeddings request: 2048 inputs, 300k tokens over them. Tokens here are
+    # decoded by the replica's CPU or GPU at once, so the default bounds one request's work lower.
+    max_embedding_inputs: int = Field(2048, ge=1, description="most inputs in one /v1/embeddings request")
+    max_embedding_tokens: int = Field(65536, ge=1, description="most tokens over all inputs of one /v1/embeddings "
+                                      "request (after truncation)")
     stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
                                       "without data, so proxies keep a waiting stream open (0: off)")
     # Stored responses (Responses API, `store: true`) live in memory (app/openai_responses/store.py): bounded by
@@ -309,6 +348,14 @@ class ModelSpec:
     # range reads) or "config" (the header was not readable: `metadata_note` says why; config values only).
     metadata_from: str = "file"
     metadata_note: str = ""
+    kind: str = "chat"  # ModelConfig.kind: "chat" or "embedding"
+    # kind embedding: llama.cpp's pooling ("mean", "cls", "last"), unit-length vectors, the sizes a request
+    # may truncate them to (Matryoshka), and the model's own vector size.
+    pooling: str = ""
+    normalize: bool = True
+    dimensions: tuple[int, ...] = ()
+    n_embd: int = 0
+
 
 
 def parse_args(raw: dict[str, Any] | None) -> AppArgs:
@@ -354,6 +401,8 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         except (GGUFError, OSError) as exc:
             raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
         where["path"] = str(path)
+    if cfg.kind == "embedding":
+        return embedding_spec(cfg, where, meta)
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
     if not template:
         raise ConfigError(
@@ -423,6 +472,43 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
     )
+
+
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # GGUF <arch>.pooling_type, llama.h's enum
+
+
+def embedding_spec(cfg: ModelConfig, where: dict[str, Any], meta: dict[str, Any]) -> ModelSpec:
+    """An embedding model's spec (`where`: its file or remote source, as resolve_model found it). Its context
+    is per input, at most what the model was trained on (a BERT has no
+    position past it), and one input is decoded whole in one llama_decode (llama.cpp's non-causal attention
+    needs the batch in one micro-batch), so `n_batch` is at least `n_ctx`."""
+    arch = meta.get("general.architecture", "")
+    trained = meta.get(f"{arch}.context_length")
+    n_embd = int(meta.get(f"{arch}.embedding_length") or 0)
+    name = f"model {cfg.id!r}"
+    given = cfg.model_fields_set
+    n_ctx = cfg.n_ctx if "n_ctx" in given or not trained else int(trained)
+    if trained and n_ctx > trained:
+        raise ConfigError(f"{name}: n_ctx {n_ctx} is past the {trained} tokens the model was trained on "
+                          f"({arch}.context_length); an embedding model cannot read further")
+    n_batch = cfg.n_batch if "n_batch" in given else max(cfg.n_batch, n_ctx)
+    if n_batch < n_ctx:
+        raise ConfigError(f"{name}: n_batch {n_batch} is below n_ctx {n_ctx}; an embedding model decodes each input "
+                          f"whole in one batch, so n_batch must be at least n_ctx")
+    pooling = cfg.pooling or POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), "none")
+    if pooling == "rank":
+        raise ConfigError(f"{name}: the GGUF is a reranker (pooling_type rank), not an embedding model")
+    if pooling not in ("mean", "cls", "last"):
+        raise ConfigError(f"{name}: the GGUF names no pooling ({arch}.pooling_type), so llama.cpp would give a "
+                          f"vector per token; set `pooling: mean`, `cls` or `last` (as the model was trained)")
+    dims = tuple(sorted(set(cfg.dimensions or ())))
+    if dims and n_embd and dims[-1] > n_embd:
+        raise ConfigError(f"{name}: `dimensions` {dims[-1]} is larger than the model's vectors ({n_embd})")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    fields = {**resolve_model_fields(cfg), "n_ctx": n_ctx, "n_batch": n_batch}
+    return ModelSpec(**fields, **where, chat_template="", bos_token="", eos_token="",
+                     n_vocab=len(tokens) if isinstance(tokens, list) else 0, kind="embedding", pooling=pooling,
+                     normalize=cfg.normalize, dimensions=dims, n_embd=n_embd)
 
 
 # The H200 figures SyntheticSettings' preset names (app/engine/synthetic.py says where they come from).

@@ -90,13 +90,20 @@ def cpu_backend() -> str:
     name = path.rsplit("/", 1)[-1]
     match = re.match(r"libggml-cpu-(.+?)\.so", name)
     return match.group(1) if match else name
+POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS, "last": L.LLAMA_POOLING_TYPE_LAST}
 
 
 class LlamaModelContext:
-    """One loaded model and one context with `n_seq_max` sequences sharing a KV pool."""
+    """One loaded model and one context with `n_seq_max` sequences sharing a KV pool.
+
+    `pooling` (a key of POOLING) makes it an embedding context: llama.cpp pools each sequence's token
+    vectors into one (llama_get_embeddings_seq) instead of computing logits. Its micro-batch is the whole
+    batch: non-causal attention (BERT) sees every token of a batch at once, and llama.cpp aborts the
+    process on a batch larger than its micro-batch, so callers keep a batch within `n_batch`."""
 
     def __init__(self, path: str, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int, n_threads: int,
-                 n_threads_batch: int, n_gpu_layers: int, kv_unified: bool, extra_buffers: bool = True) -> None:
+                 n_threads_batch: int, n_gpu_layers: int, kv_unified: bool, extra_buffers: bool = True,
+                 pooling: str | None = None) -> None:
         init_backend()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 2**31 - 1
@@ -116,6 +123,10 @@ class LlamaModelContext:
         cparams.n_threads_batch = n_threads_batch
         cparams.kv_unified = kv_unified
         cparams.no_perf = True
+        if pooling is not None:
+            cparams.embeddings = True
+            cparams.pooling_type = POOLING[pooling]
+            cparams.n_ubatch = n_batch
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -127,6 +138,7 @@ class LlamaModelContext:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.bos = L.llama_vocab_bos(self.vocab)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(L.llama_model_n_embd_out(self.model))
         self._piece_buf = ctypes.create_string_buffer(256)
         self.longest_piece = self._longest_piece()
 
@@ -261,6 +273,23 @@ class Batch:
 def decode(llama: LlamaModelContext, batch: Batch) -> int:
     batch.raw.n_tokens = batch.n
     return int(L.llama_decode(llama.ctx, batch.raw))
+
+
+def embed_batch(llama: LlamaModelContext, batch: Batch, n_seqs: int) -> np.ndarray | None:
+    """Decode `batch` on an embedding context (sequences 0..n_seqs-1, every token an output) and return each
+    sequence's pooled vector, a (n_seqs, n_embd) float32 copy; None if llama.cpp refused the batch.
+    A decoder model's KV is cleared first: each batch is a set of inputs of its own (an encoder has none)."""
+    if llama.memory:
+        L.llama_memory_clear(llama.memory, True)
+    if decode(llama, batch) != 0:
+        return None
+    out = np.empty((n_seqs, llama.n_embd), dtype=np.float32)
+    for seq in range(n_seqs):
+        ptr = L.llama_get_embeddings_seq(llama.ctx, seq)
+        if not ptr:
+            return None
+        out[seq] = np.ctypeslib.as_array(ptr, shape=(llama.n_embd,))
+    return out
 
 
 def greedy_token(llama: LlamaModelContext, tokens: list[int]) -> int:

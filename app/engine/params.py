@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -67,3 +68,25 @@ class GenerationRequest:
         return None if seed is None else seed + index
 
 
+
+
+@dataclass(frozen=True)
+class EmbeddingJob:
+    """One /v1/embeddings request as its model's replica takes it (crosses the Ray hop as it is)."""
+
+    request_id: str
+    # Each input: a text (tokenized by the model, its special tokens added) or token ids (used as they are).
+    inputs: tuple[str | tuple[int, ...], ...]
+    # True when the request sent one input rather than a list: errors then name `input`, not `input[0]`.
+    single: bool = False
+    # Keep only the last k tokens of a longer input (vLLM's truncate_prompt_tokens; -1: the model's context).
+    # None: an input longer than the context is refused.
+    truncate: int | None = None
+    dimensions: int | None = None  # keep the first k components (a Matryoshka model), then normalize
+    max_total_tokens: int | None = None  # over all inputs, after truncation
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: tuple[Any, ...]  # one float32 numpy array per input, in order
+    prompt_tokens: int

@@ -35,7 +35,7 @@ class EngineUnavailable(RuntimeError):
 def _child_params(spec: ModelSpec) -> dict[str, Any]:
     spec = place(spec)
     return {"path": spec.path, "n_gpu_layers": spec.n_gpu_layers, "n_threads": spec.n_threads,
-            "cpu_extra_buffers": spec.cpu_extra_buffers}
+            "cpu_extra_buffers": spec.cpu_extra_buffers, "pooling": spec.pooling or None}
 
 
 def _signal_name(returncode: int) -> str:
@@ -90,11 +90,15 @@ def start_engine(spec: ModelSpec) -> Any:
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
                  "on" if report.get("extra_buffers") else "off",
                  hardware.describe(report.get("system_info"), report.get("cpu_backend")))
+    if spec.kind == "embedding":
+        from .embedder import EmbeddingEngine
+
+        return EmbeddingEngine(spec).start()
     return LlamaEngine(spec, publish=publish_to_loops).start()
 
 
 def _child() -> None:
-    from .llama import LlamaModelContext, greedy_token
+    from .llama import Batch, LlamaModelContext, embed_batch, greedy_token
 
     params = json.loads(sys.stdin.read())
     info = hardware.system_info()
@@ -103,9 +107,21 @@ def _child() -> None:
     print(json.dumps({"system_info": info, "cpu_backend": backend}), flush=True)  # survives a crash below
     llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                            n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
-                           n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra)
+                           n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
+                           pooling=params.get("pooling"))
     try:
-        token = greedy_token(llama, llama.tokenize("Hello"))
+        if params.get("pooling"):  # an embedding model: pool one input instead of sampling a token
+            tokens = llama.tokenize("Hello", add_special=True, parse_special=False)
+            batch = Batch(len(tokens))
+            for pos, tok in enumerate(tokens):
+                batch.add(tok, pos, 0, True)
+            vectors = embed_batch(llama, batch, 1)
+            batch.free()
+            if vectors is None:
+                raise RuntimeError("llama_decode failed on the self-check input")
+            token = 0
+        else:
+            token = greedy_token(llama, llama.tokenize("Hello"))
     finally:
         llama.close()
     print(json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,

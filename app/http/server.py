@@ -29,6 +29,7 @@ from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
 from .keepalive import Tick, with_ticks
+from ..api.embeddings import EmbeddingRequest
 from ..api.openapi import openapi_document
 from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
@@ -229,6 +230,10 @@ class Endpoints:
         return StreamingResponse(_sse(first, events, dialect, on_error), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI's embeddings, answered whole by the processing like a non-streamed generation."""
+        return await self._answer(request, EmbeddingRequest, self.processing.respond)
+
     async def tokenize(self, request: Request) -> Response:
         return await self._answer(request, TokenizeRequest, self.processing.tokenize)
 
@@ -356,6 +361,7 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
         Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_message_tokens, methods=["POST"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
@@ -407,8 +413,8 @@ class APIKeyMiddleware:
 
 
 TRACE_STATE = "llamaray.traceparent"
-TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/responses",
-                          "/v1/responses/input_tokens", *ANTHROPIC_PATHS})
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
+                          "/v1/responses", "/v1/responses/input_tokens", *ANTHROPIC_PATHS})
 
 
 class TraceMiddleware:

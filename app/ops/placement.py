@@ -47,7 +47,8 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
     - with `routing: prefix` (the default), the prefix-aware request router, its records bounded by
       what one replica's slots hold (`n_seq_max` prompts of `n_ctx` tokens). Always, not only when
       `max_replicas` > 1: autoscaling adds replicas at run time, and with one replica the router
-      costs a hash of the prompt per request (it skips the choice itself).
+      costs a hash of the prompt per request (it skips the choice itself). Not for an embedding model: its
+      requests reuse no KV, so Serve's load balancing serves them.
     """
     options: dict[str, Any] = {
         "max_ongoing_requests": cfg.n_seq_max,
@@ -55,7 +56,7 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
                                "target_ongoing_requests": max(1, math.ceil(cfg.n_seq_max * 3 / 4))},
         "ray_actor_options": {"num_cpus": float(cfg.n_threads or 1), "num_gpus": 1 if offloads(cfg) else 0},
     }
-    if cfg.routing == "prefix":
+    if cfg.routing == "prefix" and cfg.kind == "chat":  # an embedding request has no prefix to reuse
         options["request_router_config"] = {
             "request_router_class": PREFIX_ROUTER_CLASS,
             "request_router_kwargs": {"max_chars": max_chars_for(cfg.n_seq_max, cfg.n_ctx)},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..api.errors import model_not_found
+from ..api.errors import invalid_request, model_not_found
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..chat.plan import (
     chat_prompt,
@@ -47,7 +47,7 @@ class TokenService:
     def __init__(self, specs: list[ModelSpec], tokens: ModelTokens, *, limits: Limits | None = None) -> None:
         self.models = {s.id: s for s in specs}
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
-                        for s in specs}
+                        for s in specs if s.kind == "chat"}
         self.tokens = tokens
         self.limits = limits or Limits()
 
@@ -59,8 +59,11 @@ class TokenService:
 
     async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
         spec = self._spec(req.model)
+        if req.messages is not None and spec.kind != "chat":
+            raise invalid_request(f"Model `{spec.id}` is an embedding model: it has no chat template to render "
+                                  f"`messages`; send `prompt`.", param="messages", code="unsupported_model")
         if req.messages is None:
-            text = tokenize_text(req, spec, self.formats[spec.id], self.limits)
+            text = tokenize_text(req, spec, self.formats.get(spec.id), self.limits)
         else:
             text = await off_loop(self.limits, tokenize_text, req, spec, self.formats[spec.id], self.limits)
         ids = await self.tokens.tokenize(spec.id, text, req.add_special)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..api.errors import invalid_request, model_not_found
+from ..api.errors import invalid_request, model_not_found, wrong_kind
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
@@ -116,6 +116,9 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
+        if spec.kind != "chat":
+            raise wrong_kind(spec.id, spec.kind, "/v1/chat/completions" if self.protocol == "chat" else
+                             f"/v1/{self.protocol}")
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
         return await traced("plan", off_loop(self.limits, self.make_plan, req, spec, scope), self.plan_attributes)
 

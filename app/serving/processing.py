@@ -12,6 +12,8 @@ from ..observe import tracing
 from ..anthropic_messages import CountTokensRequest, MessagesRequest, MessagesService, MessageTokenCounter
 from ..chat import ChatService
 from ..completions import CompletionService
+from ..embeddings import EmbeddingService
+from ..api.embeddings import EmbeddingRequest
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -23,8 +25,8 @@ from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest]
-"""A request that generates: its type says which protocol answers it."""
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest, EmbeddingRequest]
+"""A request to a model: its type says which protocol answers it (embeddings only through `respond`)."""
 
 
 class Processing(Protocol):
@@ -73,7 +75,8 @@ class Processor:
         self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
                                           ResponsesRequest: responses,
                                           InputTokensRequest: InputTokensService(responses, models),
-                                          MessagesRequest: messages}
+                                          MessagesRequest: messages,
+                                          EmbeddingRequest: EmbeddingService(specs, models, limits)}
         self.tokens = TokenService(specs, models, limits=limits)
         self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
         self.response_store = response_store
@@ -113,7 +116,8 @@ class Processor:
 
 
 # OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat"}
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
+              "embeddings": "embeddings"}
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
@@ -121,6 +125,6 @@ def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
     operation = OPERATIONS[service.protocol]
     attributes = {"llamaray.tier": "processor", "llamaray.protocol": service.protocol,
                   "gen_ai.operation.name": operation, "gen_ai.request.model": request.model,
-                  "llamaray.stream": bool(request.stream)}
+                  "llamaray.stream": bool(getattr(request, "stream", False))}
     return tracing.current().start(f"{operation} {request.model}", parent=caller.traceparent, kind="server",
                                    attributes=attributes)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..engine.events import Event
-from ..engine.params import GenerationRequest
+from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest
 from ..observe import tracing
 from .caller import Caller
 from .models import Models
@@ -77,6 +77,9 @@ class TracedModels:
         span = _hop(self.deployments[model_id], "generate", "processor")
         return tracing.stream_in(span, self.inner.open_stream(
             model_id, replace(request, traceparent=tracing.traceparent_of(span))))
+
+    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+        return await self.inner.embed(model_id, job)
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         return await self.inner.tokenize(model_id, text, add_special)

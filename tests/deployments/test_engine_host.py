@@ -76,3 +76,39 @@ def test_requests_being_prepared_count_against_the_waiting_bound():
         assert host._unstarted == 0
 
     asyncio.run(go())
+
+
+def test_embedding_requests_count_against_the_same_bound():
+    from concurrent.futures import Future
+
+    from app.engine.embedder import EmbeddingEngine
+    from app.engine.params import EmbeddingJob
+
+    class StuckEmbedder(EmbeddingEngine):
+        def __init__(self) -> None:  # no model: prepares slowly, never finishes a job
+            self.release = threading.Event()
+
+        def prepare(self, job):
+            self.release.wait(30)
+            return [[1]]
+
+        def submit(self, job, tokens):
+            return Future()
+
+    engine = StuckEmbedder()
+    host = host_with(engine)
+
+    async def go():
+        bound = WAITING_PER_SLOT * host.spec.n_seq_max
+        tasks = [asyncio.ensure_future(host.embed(EmbeddingJob(f"r{i}", ("hi",)), bounded=True)) for i in range(bound)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(APIError) as err:
+            await host.embed(EmbeddingJob("one-too-many", ("hi",)), bounded=True)
+        assert err.value.status == 503
+        engine.release.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert host._unstarted == 0
+
+    asyncio.run(go())

@@ -1,0 +1,267 @@
+"""The embedding engine: many inputs of many requests pooled into vectors by one llama_decode.
+
+`prepare` (any thread; off the event loop: `embed` runs it in one) tokenizes a job's inputs and checks them
+against the model's context and the request's token budget, so bad input is a 400 before anything is
+queued. One decode thread drains the queue: it packs the waiting inputs, first come first served, into one
+batch of at most `n_seq_max` sequences and `n_batch` tokens (a sequence id per input), decodes it, and
+hands each request its vectors once all of its inputs are done. A request's inputs may span several
+batches, and share each with other requests' inputs.
+
+Results go back through `concurrent.futures.Future`s; `embed` awaits one from asyncio. A request whose
+caller gave up before its inputs were taken is dropped unseen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+import numpy as np
+
+from ..api.errors import APIError, invalid_request
+from ..config.settings import ModelSpec, place
+from . import hardware
+from .llama import Batch, LlamaModelContext, embed_batch
+from .params import EmbeddingJob, EmbeddingResult
+
+log = logging.getLogger("llamaray.embedder")
+
+
+class _Pending:
+    """A prepared job in the queue: its inputs' tokens, the vectors so far and the future to complete."""
+
+    __slots__ = ("job", "tokens", "vectors", "next", "left", "future")
+
+    def __init__(self, job: EmbeddingJob, tokens: list[list[int]]) -> None:
+        self.job = job
+        self.tokens = tokens
+        self.vectors: list[np.ndarray | None] = [None] * len(tokens)
+        self.next = 0  # the first input not yet taken into a batch
+        self.left = len(tokens)  # inputs not yet embedded
+        self.future: Future = Future()
+
+
+class EmbeddingEngine:
+    def __init__(self, spec: ModelSpec) -> None:
+        spec = place(spec)
+        self.spec = spec
+        self.llama = LlamaModelContext(
+            spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
+            n_threads=spec.n_threads, n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
+            kv_unified=spec.kv_unified, pooling=spec.pooling,
+            extra_buffers=hardware.use_extra_buffers(spec.cpu_extra_buffers, hardware.system_info()),
+        )
+        self.n_ctx = spec.n_ctx
+        self._batch = Batch(spec.n_batch)
+        self._cv = threading.Condition()
+        self._waiting: deque[_Pending] = deque()
+        self._closing = False
+        self.broken: str | None = None
+        self.running = 0  # inputs in the batch being decoded
+        self.steps = 0
+        self.tokens_decoded = 0
+        self._thread = threading.Thread(target=self._run, name=f"llama-embedder-{spec.id}", daemon=True)
+
+    def start(self) -> "EmbeddingEngine":
+        self._thread.start()
+        return self
+
+    # -- called from any thread ------------------------------------------------------------------
+    def prepare(self, job: EmbeddingJob) -> list[list[int]]:
+        """Each input's tokens, checked: ids in the vocabulary, within the context (or truncated as the job
+        asks), the total within its budget. APIError (400) naming the input otherwise."""
+        limit = self.n_ctx
+        if job.truncate is not None:
+            if job.truncate > self.n_ctx:
+                raise invalid_request(f"`truncate_prompt_tokens` is {job.truncate}; model `{self.spec.id}` embeds at "
+                                      f"most {self.n_ctx} tokens per input.", param="truncate_prompt_tokens",
+                                      code="invalid_value")
+            limit = self.n_ctx if job.truncate < 0 else job.truncate
+        out: list[list[int]] = []
+        total = 0
+        for i, item in enumerate(job.inputs):
+            where = "input" if job.single else f"input[{i}]"
+            tokens = self._tokens(item, where)
+            if not tokens:
+                raise invalid_request(f"`{where}` makes no tokens.", param=where, code="empty_input")
+            if len(tokens) > limit:
+                if job.truncate is None:
+                    raise invalid_request(
+                        f"`{where}` is {len(tokens)} tokens; model `{self.spec.id}` embeds at most {self.n_ctx} "
+                        f"tokens per input. Shorten it, or set `truncate_prompt_tokens` to keep its last tokens.",
+                        param=where, code="context_length_exceeded")
+                tokens = tokens[-limit:]
+            total += len(tokens)
+            if job.max_total_tokens is not None and total > job.max_total_tokens:
+                raise invalid_request(f"The inputs make more than {job.max_total_tokens} tokens (at `{where}`); "
+                                      f"this server embeds at most that many in one request "
+                                      f"(limits.max_embedding_tokens). Send them in several requests.",
+                                      param="input", code="too_many_tokens")
+            out.append(tokens)
+        return out
+
+    def _tokens(self, item: str | tuple[int, ...], where: str) -> list[int]:
+        if isinstance(item, str):
+            # Client text never becomes a control token; the model's own ([CLS] ... [SEP]) are added.
+            return self.llama.tokenize(item, add_special=True, parse_special=False)
+        n_vocab = self.llama.n_vocab
+        for j, token in enumerate(item):
+            if not 0 <= token < n_vocab:  # llama.cpp aborts on an id outside the vocabulary
+                raise invalid_request(f"Token id {token} (`{where}[{j}]`) is not in the vocabulary of model "
+                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=where,
+                                      code="invalid_token")
+        return list(item)
+
+    def submit(self, job: EmbeddingJob, tokens: list[list[int]]) -> Future:
+        """Queue a prepared job; its future gets the EmbeddingResult (or an APIError). Any thread."""
+        pending = _Pending(job, tokens)
+        with self._cv:
+            if self.broken is None:
+                self._waiting.append(pending)
+                self._cv.notify()
+                return pending.future
+        raise APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
+                       code="engine_unavailable")
+
+    def embed_now(self, job: EmbeddingJob, timeout_s: float | None = None) -> EmbeddingResult:
+        """prepare + submit + wait, on the caller's thread (tests, tools)."""
+        return self.submit(job, self.prepare(job)).result(timeout_s)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.llama.tokenize(text, add_special=add_special, parse_special=False)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        n_vocab = self.llama.n_vocab
+        for i, token in enumerate(tokens):
+            if not 0 <= token < n_vocab:
+                raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
+                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=f"tokens[{i}]",
+                                      code="invalid_token")
+        return self.llama.detokenize(tokens)
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            waiting = sum(p.left for p in self._waiting)
+        return {"running": self.running, "waiting": waiting, "slots": self.spec.n_seq_max, "steps": self.steps,
+                "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(), "prompt_cache": {}}
+
+    @property
+    def active(self) -> int:
+        return self.running
+
+    def healthy(self) -> bool:
+        return self.broken is None and self._thread.is_alive()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self._batch.free()
+        self.llama.close()
+
+    # -- the decode thread -----------------------------------------------------------------------
+    def _take(self) -> list[tuple[_Pending, int]]:
+        """The next batch's inputs, in queue order (under the lock): as many as fit in n_seq_max sequences and
+        n_batch tokens. A job leaves the queue once all its inputs are taken."""
+        taken: list[tuple[_Pending, int]] = []
+        size = 0
+        while self._waiting and len(taken) < self.spec.n_seq_max:
+            pending = self._waiting[0]
+            if pending.next == 0 and not pending.future.set_running_or_notify_cancel():
+                self._waiting.popleft()  # its caller gave up before any work
+                continue
+            n = len(pending.tokens[pending.next])
+            if size + n > self.spec.n_batch:
+                break
+            taken.append((pending, pending.next))
+            size += n
+            pending.next += 1
+            if pending.next == len(pending.tokens):
+                self._waiting.popleft()
+        return taken
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._closing or self._waiting):
+                        self._cv.wait()
+                    if self._closing:
+                        break
+                    taken = self._take()
+                if taken:
+                    self._step(taken)
+        except Exception as exc:  # noqa: BLE001 - the engine stops; every waiting request is told why
+            log.exception("embedding engine %s failed", self.spec.id)
+            self.broken = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.running = 0
+            with self._cv:
+                self.broken = self.broken or "the engine was closed"
+                left, self._waiting = list(self._waiting), deque()
+            error = APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
+                             code="engine_unavailable")
+            for pending in left:
+                _fail(pending, error)
+
+    def _step(self, taken: list[tuple[_Pending, int]]) -> None:
+        self.running = len(taken)
+        batch = self._batch
+        batch.clear()
+        for seq, (pending, index) in enumerate(taken):
+            for pos, token in enumerate(pending.tokens[index]):
+                batch.add(token, pos, seq, True)  # pooling needs every token as an output
+        started = time.perf_counter()
+        vectors = embed_batch(self.llama, batch, len(taken))
+        self.steps += 1
+        self.tokens_decoded += batch.n
+        self.running = 0
+        if vectors is None:
+            log.error("llama_decode refused a batch of %d inputs (%d tokens)", len(taken), batch.n)
+            error = APIError("The model could not embed these inputs.", status=500, type="server_error",
+                             code="decode_failed")
+            for pending in {id(p): p for p, _ in taken}.values():
+                _fail(pending, error)
+                with self._cv:
+                    if pending in self._waiting:
+                        self._waiting.remove(pending)
+            return
+        log.debug("embedded %d inputs (%d tokens) in %.1f ms", len(taken), batch.n,
+                  (time.perf_counter() - started) * 1000)
+        for row, (pending, index) in enumerate(taken):
+            pending.vectors[index] = finish_vector(vectors[row], pending.job.dimensions, self.spec.normalize)
+            pending.left -= 1
+            if pending.left == 0 and not pending.future.done():
+                prompt_tokens = sum(len(t) for t in pending.tokens)
+                pending.future.set_result(EmbeddingResult(tuple(pending.vectors), prompt_tokens))
+
+
+def _fail(pending: _Pending, error: APIError) -> None:
+    try:
+        pending.future.set_exception(error)
+    except InvalidStateError:  # done already, or cancelled by its caller meanwhile
+        pass
+
+
+def finish_vector(vector: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """A pooled vector as the client gets it: its first `dimensions` components (a Matryoshka model keeps
+    their meaning), then scaled to unit length when the model's entry says `normalize`."""
+    out = vector[:dimensions] if dimensions else vector
+    if normalize:
+        norm = float(np.linalg.norm(out))
+        out = out / norm if norm > 0 else out
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+async def embed(engine: EmbeddingEngine, job: EmbeddingJob) -> EmbeddingResult:
+    """The job's vectors, from asyncio: prepared in a thread (tokenizing is CPU work), then awaited. Cancelling
+    the caller drops the job if the engine has not started on it."""
+    tokens = await asyncio.to_thread(engine.prepare, job)
+    return await asyncio.wrap_future(engine.submit(job, tokens))
