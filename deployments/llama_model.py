@@ -23,6 +23,7 @@ from .replica import replica_info
 class LlamaModel:
     def __init__(self, spec: ModelSpec, tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
+        self._health_checks = 0  # Serve's checks so far (fault tests wait on them)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
         self._published: ModelState | None = None
@@ -61,7 +62,7 @@ class LlamaModel:
         return {**replica_info(), **self.host.info(), "health_checks": self._health_checks}
 
     def check_health(self) -> None:
-        self._health_checks = getattr(self, "_health_checks", 0) + 1  # Serve's checks so far (fault tests)
+        self._health_checks += 1
         self._publish()
         self.host.check_health()
 
