@@ -13,6 +13,7 @@ from .schemas import (
     TokenizeRequest,
 )
 from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
+from ..anthropic_messages.schemas import CountTokensRequest, MessagesRequest
 
 _ERROR = {
     "description": "OpenAI-shaped error",
@@ -66,7 +67,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
                         ("DetokenizeRequest", DetokenizeRequest), ("CreateResponseRequest", ResponsesRequest),
                         ("ResponsesInputTokensRequest", InputTokensRequest),
-                        ("CreateEmbeddingRequest", EmbeddingRequest)):
+                        ("CreateEmbeddingRequest", EmbeddingRequest), ("CreateMessageRequest", MessagesRequest),
+                        ("CountMessageTokensRequest", CountTokensRequest)):
         request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(request.pop("$defs", {}))
         components[name] = request
@@ -76,7 +78,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "llamaray", "version": version,
-                 "description": "OpenAI-compatible chat and text completions on llama.cpp through Ray Serve."},
+                 "description": "OpenAI- and Anthropic-compatible chat, Responses, Messages, completions and embeddings "
+                                "on llama.cpp through Ray Serve."},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
@@ -93,6 +96,11 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                    "A response, or an SSE stream of typed events when `stream`", errors, stream=True),
             "/v1/responses/input_tokens": _post("countResponseInputTokens", "ResponsesInputTokensRequest",
                                                 "`input_tokens`: the request's prompt, counted", errors),
+            "/v1/messages": _post("createMessage", "CreateMessageRequest",
+                                  "An Anthropic `message`, or an SSE stream of Anthropic's events when `stream` "
+                                  "(errors in Anthropic's shape)", errors, stream=True),
+            "/v1/messages/count_tokens": _post("countMessageTokens", "CountMessageTokensRequest",
+                                               "`input_tokens`: the request's prompt, counted", errors),
             "/v1/embeddings": _post("createEmbedding", "CreateEmbeddingRequest",
                                     "A list of embeddings (an embedding model)", errors),
             "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),

@@ -739,7 +739,8 @@ def test_ctrl_c_writes_a_partial_report(tmp_path, presses):
 
     outcome, wall = asyncio.run(go())
     r = json.loads((tmp_path / "report.json").read_text())
-    assert r["interrupted"] is True and wall < 3
+    # The ramp would run 30 s: ending well before it is the interrupt's doing, whatever the machine's load.
+    assert r["interrupted"] is True and wall < 15
     if presses == 1:   # the requests in flight were allowed to finish
         assert r["totals"]["cancelled"] == 0 and r["totals"]["n_ok"] >= 3
     else:              # the second Ctrl-C cut them
