@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..api.errors import APIError, invalid_request
-from ..api.schemas import TOOL_NAME_RE, check_stop
+from ..api.schemas import ToolName, check_stop
 
 
 class _Strict(BaseModel):
@@ -96,19 +96,12 @@ class InputSchema(BaseModel):
 
 class Tool(_Strict):
     type: Literal["custom"] | None = None
-    name: str
+    name: ToolName
     description: str | None = None
     input_schema: InputSchema
     cache_control: CacheControl | None = None
     strict: bool | None = None
     eager_input_streaming: bool | None = None  # input always streams as it is generated
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not TOOL_NAME_RE.match(v):
-            raise ValueError("tool name must match ^[a-zA-Z0-9_-]{1,64}$")
-        return v
 
 
 class ToolChoiceAuto(_Strict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import APIError, invalid_request
 
@@ -105,18 +105,21 @@ Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMess
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
+def _tool_name(v: str) -> str:
+    if not TOOL_NAME_RE.match(v):
+        raise ValueError("function name must match ^[a-zA-Z0-9_-]{1,64}$")
+    return v
+
+
+ToolName = Annotated[str, AfterValidator(_tool_name)]
+"""A tool's name as every protocol's tools take it (the grammars and parsers key calls by it)."""
+
+
 class FunctionDef(_Model):
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not TOOL_NAME_RE.match(v):
-            raise ValueError("function name must match ^[a-zA-Z0-9_-]{1,64}$")
-        return v
 
 
 class Tool(_Model):

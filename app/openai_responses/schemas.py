@@ -23,7 +23,7 @@ from pydantic import (
 
 from ..api.errors import invalid_request
 from ..api.schemas import (
-    TOOL_NAME_RE,
+    ToolName,
     _Unsupported,
     check_stop,
     parse_request,
@@ -130,17 +130,10 @@ BUILT_IN_TOOLS = ("web_search", "web_search_preview", "file_search", "computer_u
 class FunctionTool(_Item):
     """A function tool in the Responses API's flat shape."""
     type: Literal["function"]
-    name: str
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not TOOL_NAME_RE.match(v):
-            raise ValueError("function name must match ^[a-zA-Z0-9_-]{1,64}$")
-        return v
 
 
 class NamedFunction(_Strict):
