@@ -20,7 +20,7 @@ from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import APP, KEY_A, KEY_B
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # kills and waits for replicas: make test-slow
 
 RESPONSE = {"id": "resp_store_test", "object": "response", "created_at": 1, "status": "completed",
             "model": "smollm2-135m", "output": [{"type": "message", "id": "msg_1", "status": "completed",
