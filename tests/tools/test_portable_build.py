@@ -1,6 +1,5 @@
 """The portable build (tools/llama_build.py --portable): its flags and cache key, the patch that leaves
-llama.cpp's AMX CPU variants out, how the engine names the CPU variant it runs, and (slow) the built
-wheel itself through tools/portable_check.py."""
+llama.cpp's AMX CPU variants out, how the engine names the CPU variant it runs."""
 
 from __future__ import annotations
 
