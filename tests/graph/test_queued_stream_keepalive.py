@@ -77,7 +77,8 @@ class Blocker:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.thread.join(120)
+        # A deadline, not a pace: its 200+ tokens take seconds here, minutes on a machine that is busy.
+        self.thread.join(480)
 
 
 def test_queued_stream_gets_headers_then_keepalives_then_its_reply(kcluster):
