@@ -218,6 +218,18 @@ class Limits(BaseModel):
     max_embedding_inputs: int = Field(2048, ge=1, description="most inputs in one /v1/embeddings request")
     max_embedding_tokens: int = Field(65536, ge=1, description="most tokens over all inputs of one /v1/embeddings "
                                       "request (after truncation)")
+    # Images in chat messages (a model with a projector): each is decoded here, in Python, by Pillow, and
+    # only its RGB pixels reach llama.cpp. Bytes bound the upload, pixels bound the decoded size (a
+    # 50 kB PNG can claim 100k x 100k), and the count bounds the projector's work per request.
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest encoded image (after base64 "
+                                 "decoding, or as fetched)")
+    max_image_pixels: int = Field(4096 * 4096, ge=64, description="most pixels (width x height) of one image; "
+                                  "larger ones (and decompression bombs) get a 400 before they are decoded")
+    max_images: int = Field(16, ge=0, description="most images in one request, over all its messages")
+    # Off by default: fetching URLs a client names lets it make the server request any address it can
+    # reach (its cloud metadata, internal services). Data URLs need no switch.
+    image_url_fetch: bool = Field(False, description="fetch `http(s)` image URLs (off: only `data:` URLs)")
+    image_fetch_timeout_s: float = Field(10.0, gt=0, description="deadline to fetch one image URL")
     stream_keepalive_s: float = Field(15.0, ge=0, description="`: keep-alive` SSE comment after this many seconds "
                                       "without data, so proxies keep a waiting stream open (0: off)")
     # Stored responses (Responses API, `store: true`) live in memory (app/openai_responses/store.py): bounded by

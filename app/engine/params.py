@@ -31,6 +31,22 @@ class SamplingParams:
         return (self.seed & 0xFFFFFFFF) % 0xFFFFFFFF
 
 
+# Where an image goes in a rendered prompt: llama.cpp's mtmd splits the prompt at this text. Only the
+# prompt renderer writes it, outside client text (app/prompt/content_marks.py), so a client typing it
+# adds no image.
+IMAGE_MARKER = "<__media__>"
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One decoded image as the model's projector takes it: 8-bit RGB, rows top to bottom."""
+
+    width: int
+    height: int
+    rgb: bytes  # width * height * 3 bytes
+    digest: str  # sha256 of the encoded image, hex: names it in logs and keys its cached encoding
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -61,6 +77,8 @@ class GenerationRequest:
     max_logprob_entries: int | None = None
     # W3C trace context of the span this generation runs under (app/observe/tracing.py); None when not traced.
     traceparent: str | None = None
+    # The prompt's images, in the order of their IMAGE_MARKERs in `prompt` (a model with a projector).
+    images: list[ImageInput] = field(default_factory=list)
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""
