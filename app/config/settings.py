@@ -225,7 +225,9 @@ class Limits(BaseModel):
                                  "decoding, or as fetched)")
     max_image_pixels: int = Field(4096 * 4096, ge=64, description="most pixels (width x height) of one image; "
                                   "larger ones (and decompression bombs) get a 400 before they are decoded")
-    max_images: int = Field(16, ge=0, description="most images in one request, over all its messages")
+    max_image_side: int = Field(2048, ge=16, description="images wider or taller are scaled down to this (aspect "
+                                "kept) before they reach the model")
+    max_images: int = Field(8, ge=0, description="most images in one request, over all its messages")
     # Off by default: fetching URLs a client names lets it make the server request any address it can
     # reach (its cloud metadata, internal services). Data URLs need no switch.
     image_url_fetch: bool = Field(False, description="fetch `http(s)` image URLs (off: only `data:` URLs)")
