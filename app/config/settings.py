@@ -158,7 +158,7 @@ class ModelConfig(BaseModel):
 
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
-                  "prompt_cache_mib", "routing", "synthetic")
+                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 
 
@@ -422,6 +422,8 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         raise ConfigError(
             f"model {cfg.id!r}: the GGUF has no tokenizer.chat_template; set `chat_template` in its config"
         )
+    if where.get("mmproj_path") and meta:
+        check_projector(cfg, where["mmproj_path"], meta)
     tokens = meta.get("tokenizer.ggml.tokens")
     return ModelSpec(
         **resolve_model_fields(cfg),
@@ -432,6 +434,28 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
         control_tokens=control_token_texts(meta),
     )
+
+
+def check_projector(cfg: ModelConfig, path: str, meta: dict[str, Any]) -> None:
+    """A local projector that is one (a clip GGUF with a vision encoder) and was made for this model: its
+    output width is the model's embedding width. llama.cpp would otherwise fail at load, or, for the width,
+    at the first image."""
+    name = f"model {cfg.id!r}: mmproj_path {cfg.mmproj_path!r}"
+    try:
+        proj = read_metadata(path)
+    except (GGUFError, OSError) as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc}") from None
+    if proj.get("general.architecture") != "clip":
+        raise ConfigError(f"{name} is not a multimodal projector (general.architecture is "
+                          f"{proj.get('general.architecture')!r}, not 'clip')")
+    if not proj.get("clip.has_vision_encoder", False):
+        raise ConfigError(f"{name} has no vision encoder (this server takes images, not audio)")
+    width = proj.get("clip.vision.projection_dim")
+    arch = meta.get("general.architecture", "")
+    n_embd = meta.get(f"{arch}.embedding_length")
+    if width and n_embd and int(width) != int(n_embd):
+        raise ConfigError(f"{name} projects to {width} dimensions, but the model's embeddings have {n_embd}: "
+                          f"it was made for another model")
 
 
 def _remote_metadata(cfg: ModelConfig, source: ModelSource) -> tuple[dict[str, Any], ModelSource, str]:

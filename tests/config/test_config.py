@@ -32,12 +32,14 @@ def _gguf_string(s: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def write_gguf(path: pathlib.Path, kv: dict[str, str | int]) -> pathlib.Path:
-    """A metadata-only GGUF v3: magic, version, 0 tensors, then string (8) / uint32 (4) values."""
+def write_gguf(path: pathlib.Path, kv: dict[str, str | int | bool]) -> pathlib.Path:
+    """A metadata-only GGUF v3: magic, version, 0 tensors, then string (8) / bool (7) / uint32 (4) values."""
     out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
     for key, value in kv.items():
         out += _gguf_string(key)
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            out += struct.pack("<IB", 7, value)
+        elif isinstance(value, str):
             out += struct.pack("<I", 8) + _gguf_string(value)
         else:
             out += struct.pack("<II", 4, value)
