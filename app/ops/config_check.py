@@ -57,14 +57,18 @@ def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None,
 
 
 def source_note(model: ModelConfig, spec: ModelSpec) -> str:
-    """Where a model comes from and where the builder found its metadata."""
+    """What a model serves and where it (and its projector) come from, and where the builder found its
+    metadata."""
     if spec.engine == "synthetic":
         return f"model {model.id!r}: synthetic engine (no file)"
+    name = f"model {model.id!r} ({spec.kind})"
+    projector = (f"; images through the projector {spec.mmproj_source or spec.mmproj_path}"
+                 if spec.mmproj_source or spec.mmproj_path else "")
     if not spec.source:
-        return f"model {model.id!r}: {spec.path} (a file every node that runs it must have; metadata read from it)"
+        return f"{name}: {spec.path} (a file every node that runs it must have; metadata read from it){projector}"
     header = ("header read by range requests" if spec.metadata_from == "header"
               else f"header NOT readable ({spec.metadata_note}); the configured chat_template is used")
-    return f"model {model.id!r}: {spec.source} (fetched by each node that runs it, into its model cache); {header}"
+    return f"{name}: {spec.source} (fetched by each node that runs it, into its model cache); {header}{projector}"
 
 
 def _requires_keys(app: dict[str, Any]) -> bool:

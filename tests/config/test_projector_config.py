@@ -44,3 +44,17 @@ def test_an_embedding_model_takes_no_projector(tmp_path):
     with pytest.raises((ConfigError, ValueError)) as info:
         ModelConfig(id="e", kind="embedding", model_path=BUNDLED, mmproj_path=projector(tmp_path))
     assert "mmproj_path" in str(info.value)
+
+
+def test_check_config_says_what_each_model_serves_and_names_its_projector(tmp_path, capsys):
+    import yaml
+
+    from app.ops.cli import main
+
+    config = {"applications": [{"name": "app", "import_path": "deployments.builder:build_app", "args": {
+        "models": [{"id": "vlm", "model_path": BUNDLED, "mmproj_path": projector(tmp_path)}]}}]}
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    main(["check-config", str(path)])
+    out = capsys.readouterr().out
+    assert "model 'vlm' (chat)" in out and f"images through the projector {tmp_path / 'mmproj.gguf'}" in out

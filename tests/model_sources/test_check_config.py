@@ -20,10 +20,10 @@ def test_check_config_reports_each_source_and_its_header(hub, tmp_path, capsys):
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3, out
-    assert out[0].startswith("llamaray: llamaray: model 'local': /") and "metadata read from it" in out[0]
-    assert out[1] == (f"llamaray: llamaray: model 'hub': hf://{REPO}/{FILE}@{COMMIT} (fetched by each node that runs "
+    assert out[0].startswith("llamaray: llamaray: model 'local' (chat): /") and "metadata read from it" in out[0]
+    assert out[1] == (f"llamaray: llamaray: model 'hub' (chat): hf://{REPO}/{FILE}@{COMMIT} (fetched by each node that runs "
                       f"it, into its model cache); header read by range requests")
-    assert "model 'gone': hf://test-org/gone/m.gguf" in out[2] and "header NOT readable (" in out[2]
+    assert "model 'gone' (chat): hf://test-org/gone/m.gguf" in out[2] and "header NOT readable (" in out[2]
     assert "not found" in out[2] and "the configured chat_template is used" in out[2]
     assert hub.gets[(REPO, FILE)] == 0
 
