@@ -233,6 +233,10 @@ class ResponsesRequest(_Strict):
     cache_salt: str | None = None
     cache_prompt: bool | None = None
 
+    @property
+    def include_usage(self) -> bool:
+        return False  # a response's usage is in its final event, always
+
     @field_validator("input", mode="before")
     @classmethod
     def _items(cls, v: Any) -> Any:

@@ -16,7 +16,6 @@ from ..chat.service import usage as chat_usage
 from ..engine.events import Event
 from ..observe.request_records import RequestRecord
 from ..serving.caller import ANONYMOUS, Caller
-from ..serving.lifecycle import recording
 from .events import ResponseEvents
 from .mapping import Turn, responses_param, to_turn
 from .schemas import ResponsesRequest
@@ -107,36 +106,13 @@ class ResponsesService(ChatService):
     def events(self, plan: ResponsesPlan, reply: ResponsesReply) -> AsyncIterator[tuple[int, list[Event]]]:  # type: ignore[override]
         return super().events(plan.chat, reply.chat)
 
-    async def keep(self, req: ResponsesRequest, reply: ResponsesReply, caller: Caller) -> None:
+    def is_whole(self, reply: ResponsesReply) -> bool:  # type: ignore[override]
+        return reply.response is not None
+
+    async def whole(self, req: ResponsesRequest, reply: ResponsesReply, caller: Caller) -> None:  # type: ignore[override]
+        """Kept before the client has the response (a stream's final event), so a follow-up sent on it finds it."""
         if req.store is not False:
             await self.store.put(caller.key_id, reply.response["id"], reply.entry())
-
-    async def complete(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:  # type: ignore[override]
-        plan = await self.plan(req, caller)
-        reply = self.reply(plan, False)
-        with recording(self.observer, lambda failure: reply.record(self.protocol, False, failure)):
-            async for batch in self.events(plan, reply):
-                reply.read(batch)
-            reply.check()
-            body = reply.body()
-            await self.keep(req, reply, caller)
-        return body
-
-    async def stream(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:  # type: ignore[override]
-        """As the lifecycle streams (the first batch empty: accepted), the response kept before its final
-        event goes out, so a follow-up sent on that event finds it."""
-        plan = await self.plan(req, caller)
-        reply = self.reply(plan, True)
-        kept = False
-        with recording(self.observer, lambda failure: reply.record(self.protocol, True, failure)):
-            yield []
-            async for batch in self.events(plan, reply):
-                out = reply.chunks(batch)
-                if reply.response is not None and not kept:
-                    await self.keep(req, reply, caller)
-                    kept = True
-                if out:
-                    yield out
 
 
 class InputTokensService:

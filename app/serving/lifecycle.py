@@ -110,6 +110,14 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
         """The plan's model events in batches, until the reply is done or its deadline passes."""
         raise NotImplementedError
 
+    def is_whole(self, reply: ReplyT) -> bool:
+        """Whether a streamed reply is whole: its final chunk made, not yet sent (then `whole` runs)."""
+        return False
+
+    async def whole(self, req: RequestT, reply: ReplyT, caller: Caller) -> None:
+        """Once per answered request, when its reply is whole and before the client has its end (the body,
+        or a stream's final chunk): what the protocol keeps of it. Nothing by default."""
+
     async def plan(self, req: RequestT, caller: Caller = ANONYMOUS) -> PlanT:
         """The request's plan, built off the event loop (template rendering and grammar building are CPU
         work) and within limits.grammar_timeout_s."""
@@ -129,17 +137,23 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
             async for batch in self.events(plan, reply):
                 reply.read(batch)
             reply.check()
-        return reply.body()
+            body = reply.body()
+            await self.whole(req, reply, caller)
+        return body
 
     async def stream(self, req: RequestT, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
         """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
         and come before it), so the Ingress can answer with headers while the model is awaited."""
         plan = await self.plan(req, caller)
         reply = self.reply(plan, True)
+        kept = False
         with recording(self.observer, lambda failure: reply.record(self.protocol, True, failure)):
             yield []
             async for batch in self.events(plan, reply):
                 out = reply.chunks(batch)
+                if not kept and self.is_whole(reply):
+                    await self.whole(req, reply, caller)
+                    kept = True
                 if out:
                     yield out
             if req.include_usage:
