@@ -14,6 +14,7 @@ import ray
 from app.api.errors import overloaded, service_unavailable, wrong_kind
 from app.config.settings import ModelSpec, place
 from app.engine import GenerationRequest
+from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
 from app.engine.params import EmbeddingJob, EmbeddingResult
@@ -28,10 +29,6 @@ from app.serving.models import LOADING, READY, ModelState
 from .metrics import EngineGauges
 
 logger = logging.getLogger("ray.serve")
-
-# Requests that may wait for a slot, per slot, where no Serve queue stands in front of the engine (the
-# Ingress hosting it): serve_config.yaml's max_queued_requests 64 for 16 slots. Beyond, 503 + Retry-After.
-WAITING_PER_SLOT = 4
 
 
 class EngineHost:

@@ -18,8 +18,9 @@ from ..chat.rounds import with_deadline
 from ..chat.tally import ReplyTally
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
+from ..engine.admission import WAITING_PER_SLOT
 from ..engine.params import GenerationRequest
-from ..api.errors import APIError
+from ..api.errors import APIError, invalid_request
 from ..api.schemas import CompletionRequest
 from ..observe.request_records import RequestRecord
 from ..serving.lifecycle import RequestLifecycle
@@ -41,6 +42,12 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     """The request's generations: its prompts as they are (no template; the client writes the whole
     input, so control-token text in it is parsed as llama-server and vLLM do), shared sampling."""
     check_completion_limit(req.max_tokens, "max_tokens", spec)
+    if len(req.prompts) > WAITING_PER_SLOT * spec.n_seq_max:
+        # More generations than the model's queue holds: however idle the server, they could not all wait.
+        raise invalid_request(f"`prompt` has {len(req.prompts)} prompts; model `{spec.id}` takes at most "
+                              f"{WAITING_PER_SLOT * spec.n_seq_max} in one request ({WAITING_PER_SLOT} per slot, "
+                              f"{spec.n_seq_max} slots). Send them in several requests.", param="prompt",
+                              code="too_many_prompts")
     check_client_grammar(req.grammar, limits)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = req.grammar

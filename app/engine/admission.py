@@ -19,6 +19,11 @@ from typing import Protocol
 # large one's extra wait stays a second plus the generations it let in.
 BACKFILL_S = 1.0
 
+# Requests that may wait for a slot, per slot, where no Serve queue stands in front of the engine (the
+# Ingress hosting it): serve_config.yaml's max_queued_requests 64 for 16 slots. Beyond, 503 + Retry-After.
+# One request's own generations (a legacy request's prompts) are bounded by it in every topology.
+WAITING_PER_SLOT = 4
+
 
 class Waiting(Protocol):
     queued_at: float

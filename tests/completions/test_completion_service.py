@@ -388,3 +388,14 @@ def test_chat_planning_gives_the_generation_the_whole_budget(spec):
     req = parse_chat_request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
                               "top_logprobs": 3})
     assert plan_request(req, spec, fmt, Limits(max_logprob_entries=777)).gen.max_logprob_entries == 777
+
+
+def test_more_prompts_than_the_model_queues_are_a_400_before_any_generation(service, model, spec):
+    from app.engine.admission import WAITING_PER_SLOT
+
+    most = WAITING_PER_SLOT * spec.n_seq_max
+    with pytest.raises(APIError) as info:
+        complete(service, prompt=["Hi"] * (most + 1))
+    assert info.value.status == 400 and info.value.param == "prompt" and info.value.code == "too_many_prompts"
+    assert f"at most {most}" in info.value.message and model.opened == []
+    assert len(complete(service, prompt=["Hi"] * most)["choices"]) == most
