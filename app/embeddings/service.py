@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 import uuid
 from typing import Any, Protocol
 
@@ -15,7 +16,9 @@ from ..api.embeddings import EmbeddingRequest, inputs
 from ..api.errors import invalid_request, model_not_found, timeout_error, wrong_kind
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import EmbeddingJob, EmbeddingResult
+from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
 from ..serving.caller import ANONYMOUS, Caller
+from ..serving.lifecycle import recording
 
 
 class ModelEmbeddings(Protocol):
@@ -38,10 +41,12 @@ def embedding_body(model: str, result: EmbeddingResult, encoding_format: str) ->
 class EmbeddingService:
     protocol = "embeddings"
 
-    def __init__(self, specs: list[ModelSpec], models: ModelEmbeddings, limits: Limits | None = None) -> None:
+    def __init__(self, specs: list[ModelSpec], models: ModelEmbeddings, limits: Limits | None = None,
+                 observer: RequestObserver | None = None) -> None:
         self.models = {s.id: s for s in specs}
         self.engines = models
         self.limits = limits or Limits()
+        self.observer = observer or NullObserver()
 
     def job(self, req: EmbeddingRequest) -> EmbeddingJob:
         """The request as its model's engine takes it; a 400 for what can be told without the model's tokenizer."""
@@ -65,10 +70,28 @@ class EmbeddingService:
                             max_total_tokens=self.limits.max_embedding_tokens)
 
     async def complete(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        job = self.job(req)
-        try:
-            async with asyncio.timeout(self.limits.request_timeout_s):
-                result = await self.engines.embed(req.model, job)
-        except TimeoutError:
-            raise timeout_error(self.limits.request_timeout_s) from None
-        return embedding_body(req.model, result, req.encoding_format)
+        job = self.job(req)  # the client's errors, before anything is recorded (as for generations)
+        done: list[EmbeddingResult] = []
+        started = time.monotonic()
+        with recording(self.observer, lambda failure: embedding_record(req.model, done, failure, started)):
+            try:
+                async with asyncio.timeout(self.limits.request_timeout_s):
+                    done.append(await self.engines.embed(req.model, job))
+            except TimeoutError:
+                raise timeout_error(self.limits.request_timeout_s) from None
+        return embedding_body(req.model, done[0], req.encoding_format)
+
+
+def embedding_record(model: str, done: list[EmbeddingResult], failure: BaseException | None,
+                     started: float) -> RequestRecord:
+    """An embeddings request for the request metrics: its input tokens as prompt tokens, nothing generated."""
+    status, code = "ok", None
+    if isinstance(failure, asyncio.CancelledError):
+        status = "cancelled"
+    elif failure is not None:
+        code = getattr(failure, "code", None) or "internal_error"
+        status = "timeout" if code == "timeout" else "error"
+    return RequestRecord(model=model, stream=False, status=status, error_code=code,
+                         duration_s=time.monotonic() - started, ttft_s=None, itl_s=None,
+                         prompt_tokens=done[0].prompt_tokens if done else 0, completion_tokens=0, cached_tokens=0,
+                         protocol="embeddings")

@@ -76,7 +76,7 @@ class Processor:
                                           ResponsesRequest: responses,
                                           InputTokensRequest: InputTokensService(responses, models),
                                           MessagesRequest: messages,
-                                          EmbeddingRequest: EmbeddingService(specs, models, limits)}
+                                          EmbeddingRequest: EmbeddingService(specs, models, limits, observer)}
         self.tokens = TokenService(specs, models, limits=limits)
         self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
         self.response_store = response_store

@@ -140,3 +140,32 @@ def test_an_embedding_model_generates_nothing(protocol):
         asyncio.run(svc.complete(req))
     assert err.value.status == 400 and err.value.param == "model"
     assert "embedding model" in err.value.message and "/v1/embeddings" in err.value.message
+
+
+class Records:
+    def __init__(self) -> None:
+        self.records = []
+
+    def record(self, rec) -> None:
+        self.records.append(rec)
+
+
+def test_each_answered_or_failed_request_is_recorded_once(models):
+    from app.api.errors import APIError
+
+    records = Records()
+    service = EmbeddingService([spec()], models, Limits(), records)
+    run(service, input=["a", "b"])
+    (rec,) = records.records
+    assert (rec.protocol, rec.status, rec.prompt_tokens, rec.completion_tokens, rec.stream) == \
+        ("embeddings", "ok", 6, 0, False)
+
+    async def broken(model_id, job):
+        raise APIError("engine down", status=503, code="engine_unavailable")
+    models.embed = broken
+    with pytest.raises(APIError):
+        run(service, input="a")
+    assert (records.records[-1].status, records.records[-1].error_code) == ("error", "engine_unavailable")
+    with pytest.raises(APIError):  # the client's own error: refused before the model, not recorded
+        run(service, input="")
+    assert len(records.records) == 2
