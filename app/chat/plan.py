@@ -17,6 +17,7 @@ from ..grammar.request_grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
 from ..prompt.prompt_check import checked_prompt
 from ..prompt.tool_calling import ReplyFormat, ToolPlan, plan_tools
+from .images import check_images
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repeat_penalty", "seed")
@@ -45,6 +46,7 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     """`template_kwargs`: more variables for the chat template (a protocol's switches such as
     `enable_thinking`), set by the server, never by a client's free-form dict."""
     check_model_limits(req, spec)
+    check_images(req, spec, limits)
     check_grammar_inputs(req, limits)
     schema_limits = grammar_limits(limits)
     tools = tool_plan(req, fmt, schema_limits)
@@ -121,11 +123,11 @@ def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLi
 
 
 def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
-    """Content this text-only model cannot take, and its completion limit: a 400 that names the
+    """Content no model here can take (audio, files), and its completion limit: a 400 that names the
     limit (as OpenAI answers), never a silent clamp."""
     for i, msg in enumerate(req.messages):
         for j, part in enumerate(msg.content if isinstance(msg.content, list) else []):
-            if part.type not in ("text", "refusal"):
+            if part.type not in ("text", "refusal", "image_url"):  # images: checked by check_images
                 raise invalid_request(f"Model `{spec.id}` takes text only; `{part.type}` content is not supported.",
                                       param=f"messages[{i}].content[{j}].type", code="unsupported_content")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

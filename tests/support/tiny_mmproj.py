@@ -1,7 +1,8 @@
 """A tiny projector GGUF with random weights for the bundled model (SmolLM2-135M, n_embd 576): an
-idefics3 (SmolVLM-style) vision encoder of 2 blocks that llama.cpp's mtmd loads and runs, turning a
-512x512 image into 64 embedding rows. The rows mean nothing; the tests check the plumbing (positions,
-counts, cache keys, freeing), not what a model sees. 3 MB, written in well under a second."""
+idefics3 (SmolVLM-style) vision encoder of 2 blocks that llama.cpp's mtmd loads and runs, turning each
+256x256 slice of an image into 16 embedding rows (mtmd adds an overview: two chunks for a small image).
+The rows mean nothing; the tests check the plumbing (positions, counts, cache keys, freeing), not what a
+model sees. Under 1 MB, written in well under a second; few rows keep the tests fast on 2 cores."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import gguf
 import numpy as np
 
 LM_EMBD = 576      # SmolLM2-135M's embedding size: the projector's output rows
-IMAGE_TOKENS = 64  # (512 / 16)^2 patches, merged 4x4
+IMAGE_TOKENS = 16  # rows per chunk: (256 / 16)^2 patches, merged 4x4
 
 
 def write_tiny_mmproj(path: str | Path, seed: int = 0) -> Path:
-    d, ff, blocks, heads, size, patch, merge = 64, 128, 2, 4, 512, 16, 4
+    d, ff, blocks, heads, size, patch, merge = 64, 128, 2, 4, 256, 16, 4
     rng = np.random.default_rng(seed)
 
     def rand(*shape: int) -> np.ndarray:
