@@ -4,21 +4,20 @@ beside text-only requests, never mistaken for another image's cached KV, and eve
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import uuid
 
 import pytest
 
 from app.api.errors import APIError
-from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.engine.params import IMAGE_MARKER, ImageInput
 from app.engine.vision import ImageSpan
 from app.prompt.chat_template import render_prompt
 from app.prompt.content_marks import OPEN
 from tests.support.events import EventBox
-from tests.support.tiny_mmproj import IMAGE_TOKENS, write_tiny_mmproj
+from tests.support.tiny_mmproj import IMAGE_TOKENS
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,12 +25,9 @@ pytestmark = pytest.mark.timeout(300)
 QUESTION = "What is in this picture?"
 
 
-@pytest.fixture(scope="module")
-def vision(bundled_spec, tmp_path_factory):
-    path = write_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "tiny-mmproj.gguf")
-    eng = LlamaEngine(dataclasses.replace(bundled_spec, mmproj_path=str(path))).start()
-    yield eng
-    eng.close()
+@pytest.fixture
+def vision(vision_engine):
+    return vision_engine
 
 
 def image(rgb: tuple[int, int, int], size: int = 64) -> ImageInput:
