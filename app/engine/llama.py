@@ -1,6 +1,6 @@
 """Thin, typed access to the llama.cpp C API through llama-cpp-python's ctypes bindings.
 
-Only this module touches ctypes. Everything that allocates native memory has a matching free,
+Only this module touches ctypes (vision.py, mtmd's, aside). Everything that allocates native memory has a matching free,
 and owners (LlamaModelContext, SamplerChain) free it exactly once.
 """
 
