@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 GRAPH = Path(__file__).resolve().parent / "graph"
-MODEL_FIXTURES = {"bundled_spec", "engine", "judge", "embedder_spec", "embedder"}  # judge: llama.cpp checking grammars
+MODEL_FIXTURES = {"bundled_spec", "engine", "judge", "embedder_spec", "embedder", "vision_spec", "vision_engine"}  # judge: llama.cpp checking grammars
 
 
 def _in_graph(item: pytest.Item) -> bool:
@@ -59,6 +59,27 @@ def engine(bundled_spec):
     from app.engine.stream import publish_to_loops
 
     eng = LlamaEngine(bundled_spec, publish=publish_to_loops).start()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def vision_spec(bundled_spec, tmp_path_factory):
+    """The bundled model with a tiny random projector (tests/support/tiny_mmproj.py): images in, plumbing tested."""
+    import dataclasses
+
+    from tests.support.tiny_mmproj import write_tiny_mmproj
+
+    path = write_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "tiny-mmproj.gguf")
+    return dataclasses.replace(bundled_spec, mmproj_path=str(path))
+
+
+@pytest.fixture(scope="session")
+def vision_engine(vision_spec):
+    from app.engine import LlamaEngine
+    from app.engine.stream import publish_to_loops
+
+    eng = LlamaEngine(vision_spec, publish=publish_to_loops).start()
     yield eng
     eng.close()
 

@@ -17,6 +17,7 @@ from ..grammar.request_grammars import GrammarLimits, json_grammar
 from ..parsers import ReplyParser
 from ..prompt.prompt_check import checked_prompt
 from ..prompt.tool_calling import ReplyFormat, ToolPlan, plan_tools
+from .images import check_images
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repeat_penalty", "seed")
@@ -44,7 +45,8 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
                  template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:
     """`template_kwargs`: more variables for the chat template (a protocol's switches such as
     `enable_thinking`), set by the server, never by a client's free-form dict."""
-    check_model_limits(req, spec)
+    check_images(req, spec, limits)
+    check_model_limits(req, spec, images=True)
     check_grammar_inputs(req, limits)
     schema_limits = grammar_limits(limits)
     tools = tool_plan(req, fmt, schema_limits)
@@ -120,13 +122,17 @@ def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLi
     return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema", limits)
 
 
-def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec) -> None:
-    """Content this text-only model cannot take, and its completion limit: a 400 that names the
-    limit (as OpenAI answers), never a silent clamp."""
+def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec, images: bool = False) -> None:
+    """Content the model cannot take here, and its completion limit: a 400 that names the limit (as
+    OpenAI answers), never a silent clamp. `images`: image parts pass (generation, after check_images);
+    the routes that only count tokens never load images, so they refuse them."""
+    taken = ("text", "refusal", "image_url") if images else ("text", "refusal")
     for i, msg in enumerate(req.messages):
         for j, part in enumerate(msg.content if isinstance(msg.content, list) else []):
-            if part.type not in ("text", "refusal"):
-                raise invalid_request(f"Model `{spec.id}` takes text only; `{part.type}` content is not supported.",
+            if part.type not in taken:
+                what = ("this route counts text only" if part.type == "image_url" and spec.takes_images
+                        else f"model `{spec.id}` takes text only")
+                raise invalid_request(f"`{part.type}` content is not supported: {what}.",
                                       param=f"messages[{i}].content[{j}].type", code="unsupported_content")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     check_completion_limit(req.completion_limit, param, spec)

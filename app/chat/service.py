@@ -14,8 +14,10 @@ from ..config.settings import ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
 from ..observe.request_records import RequestRecord
 from ..prompt.tool_calling import resolve_reply_format
+from ..serving.caller import ANONYMOUS, Caller
 from ..serving.lifecycle import RequestLifecycle
 from .choices import ChoiceSplitter, merge
+from .images import load_images
 from .plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body
 from .rounds import reply_events
@@ -123,6 +125,13 @@ class ChatService(RequestLifecycle[ChatCompletionRequest, GenerationPlan, ChatRe
 
     def make_plan(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
         return self.plan_chat(req, spec, scope)
+
+    async def plan(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
+        """The plan, then its images loaded (planning checked them): decoded here, so the model's replica
+        receives pixels and never fetches or parses anything."""
+        plan = await super().plan(req, caller)
+        plan.gen.images = await load_images(plan.req, self.limits)
+        return plan
 
     def plan_chat(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str,
                   template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:

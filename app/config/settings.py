@@ -370,6 +370,11 @@ class ModelSpec:
     dimensions: tuple[int, ...] = ()
     n_embd: int = 0
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether requests may carry images: the model has a multimodal projector (local or fetched)."""
+        return bool(self.mmproj_path or self.mmproj_source)
+
 
 
 def parse_args(raw: dict[str, Any] | None) -> AppArgs:

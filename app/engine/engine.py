@@ -31,11 +31,13 @@ from ..api.errors import APIError, context_length_exceeded, internal_error, inva
 from . import hardware
 from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
-from .llama import Batch, GrammarTooSlow, LlamaModelContext, NoValidToken, SamplerChain, decode, logprobs_at
-from .params import GenerationRequest
+from .llama import (Batch, EmbdBatch, GrammarTooSlow, LlamaModelContext, NoValidToken, SamplerChain, decode,
+                    decode_embd, logprobs_at)
+from .params import IMAGE_MARKER, GenerationRequest
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
 from .stop import StopMatcher
+from .vision import ImageSpan, Projector, image_boundary, image_prompt, release_all
 
 log = logging.getLogger("llamaray.engine")
 
@@ -61,6 +63,13 @@ class LlamaEngine:
             extra_buffers=hardware.use_extra_buffers(spec.cpu_extra_buffers, hardware.system_info()),
         )
         self.n_ctx = spec.n_ctx
+        self.projector: Projector | None = None
+        if spec.mmproj_path:
+            try:
+                self.projector = Projector(spec.mmproj_path, self.llama, spec.n_threads_batch, spec.n_gpu_layers != 0)
+            except BaseException:
+                self.llama.close()
+                raise
         self._publish = publish
         self._batch = Batch(max(spec.n_batch, spec.n_seq_max))
         self._cv = threading.Condition()
@@ -93,27 +102,36 @@ class LlamaEngine:
         if req.n > len(self._slots):
             raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
                                   f"choices at once (its n_seq_max).", param="n", code="n_too_large")
+        self._check_images(req)
         limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
         self._check_continuation(req.continue_tokens)
         # What the prompt's bytes already prove, before the work of tokenizing it.
         at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
         self._check_fits(at_least, limit, exact=False)
         self._check_logprobs(req, at_least, limit, exact=False)
-        prompt = (self.llama.tokenize_prompt(req.prompt) or [self.llama.bos]) + list(req.continue_tokens)
-        self._check_fits(len(prompt), limit, exact=True)
-        self._check_logprobs(req, len(prompt), limit, exact=True)
+        tokens, images = self._tokenize(req)
+        prompt = tokens + list(req.continue_tokens)
+        try:
+            self._check_fits(len(prompt), limit, exact=True)
+            self._check_logprobs(req, len(prompt), limit, exact=True)
+            self._check_image_places(images, len(prompt))
+        except BaseException:
+            release_all(images)
+            raise
 
         def choice(index: int) -> Generation:
             return Generation(req=req, sink=sink, prompt=prompt, stop=StopMatcher(req.stop), index=index,
-                              max_tokens=limit if limit is not None else self.n_ctx - len(prompt))
+                              max_tokens=limit if limit is not None else self.n_ctx - len(prompt), images=images)
 
         first = choice(0)
         first.choices = [choice(i) for i in range(1, req.n)]
         try:
             for g in (first, *first.choices):
                 g.sampler = self._sampler_for(req, g.index)
-        except Exception as exc:
-            first.free_samplers()
+        except BaseException as exc:
+            first.free()
+            if not isinstance(exc, Exception):
+                raise
             if isinstance(exc, APIError):
                 raise
             log.exception("could not build the sampler for %s", req.request_id)
@@ -121,8 +139,45 @@ class LlamaEngine:
         return first
 
     def discard(self, gen: Generation) -> None:
-        """A prepared generation that will not be submitted: its samplers freed. Any thread."""
-        gen.free_samplers()
+        """A prepared generation that will not be submitted: its samplers and images freed. Any thread."""
+        gen.free()
+
+    def _check_images(self, req: GenerationRequest) -> None:
+        if not req.images:
+            return
+        if self.projector is None:
+            raise invalid_request(f"Model `{self.spec.id}` takes no images (it has no multimodal projector, "
+                                  f"`mmproj_path`).", param="messages", code="images_unsupported")
+        if req.prompt_logprobs:
+            # Image positions have no token to score, and their rows' logits were never computed.
+            raise invalid_request("Prompt logprobs (`echo`) are not available for prompts with images.",
+                                  param="prompt_logprobs", code="images_unsupported")
+
+    def _tokenize(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
+        """The prompt's tokens, and its image spans when it has images (their pixels preprocessed)."""
+        if not req.images:
+            return self.llama.tokenize_prompt(req.prompt) or [self.llama.bos], []
+        try:
+            return image_prompt(self.llama, self.projector, req.prompt, req.images)
+        except ValueError as exc:  # markers and images that do not pair up: the renderer's bug
+            log.error("request %s: %s", req.request_id, exc)
+            raise internal_error("The prompt's images do not match its image places.", logged=True) from None
+        except RuntimeError:
+            log.exception("request %s: the projector could not take its images", req.request_id)
+            raise internal_error("The model's projector could not read this request's images.", logged=True) from None
+
+    def _check_image_places(self, images: list[ImageSpan], prompt_tokens: int) -> None:
+        """Each image decodes in one llama_decode where its rows must see each other (non-causal), and
+        never last: the prompt's last position gives the logits to sample from."""
+        n_ubatch = min(self.spec.n_batch, 512)
+        for span in images:
+            if span.non_causal and span.n_tokens > n_ubatch:
+                raise invalid_request(f"An image of this request takes {span.n_tokens} positions; model "
+                                      f"`{self.spec.id}` decodes at most {n_ubatch} at once (raise its n_batch).",
+                                      param="messages", code="image_too_large")
+        if images and images[-1].end >= prompt_tokens:
+            raise invalid_request("The prompt ends with an image; the model needs text after it.",
+                                  param="messages", code="image_at_end")
 
     def _fewest_tokens(self, prompt: str) -> int:
         """The fewest tokens `prompt` can make (0: not known for this vocabulary): its UTF-8 bytes over
@@ -131,6 +186,7 @@ class LlamaEngine:
         if not longest:
             return 0
         size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
+        size -= len(IMAGE_MARKER) * prompt.count(IMAGE_MARKER)  # an image's tokens are no text (one at least)
         marks = prompt.count(content_marks.OPEN) + prompt.count(content_marks.CLOSE)
         if marks:  # marks (3 bytes each) and their JSON-escaped forms (\\ufdd0, 6 bytes) are no text
             size -= 3 * marks + 6 * (prompt.count("\\ufdd") + prompt.count("\\uFDD"))
@@ -197,7 +253,7 @@ class LlamaEngine:
                 self._waiting.append(gen)
                 self._cv.notify()
                 return
-        gen.free_samplers()
+        gen.free()
         raise APIError(f"The model engine is unavailable: {self.broken}", status=503,
                        type="server_error", code="engine_unavailable")
 
@@ -210,7 +266,8 @@ class LlamaEngine:
         with self._cv:
             return {"running": self.active, "waiting": self.waiting, "slots": len(self._slots),
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
-                    "prompt_cache": self._prompt_cache.stats()}
+                    "prompt_cache": self._prompt_cache.stats(),
+                    **({"images_held": self.projector.held} if self.projector is not None else {})}
 
     @property
     def waiting(self) -> int:
@@ -232,6 +289,8 @@ class LlamaEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self._batch.free()
+        if self.projector is not None:
+            self.projector.close()
         self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
@@ -248,7 +307,7 @@ class LlamaEngine:
                     self._admitting = self._take_admissible()
                 # Without the lock from here: KV edits, copies and saves never hold up the callers.
                 for gen in dropped:
-                    gen.free_samplers()
+                    gen.free()
                 self._release_cancelled(cancelled)
                 self._admit(self._admitting)
                 self._admitting = []
@@ -308,7 +367,7 @@ class LlamaEngine:
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused. Nor is
             # anything for a request that asked for none (cache_prompt false: reproducible replies).
             reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
-            slot, reused = self._place(gen.prompt, gen.req.cache_scope, reuse=reuse)
+            slot, reused = self._place(gen.prompt, gen.req.cache_scope, reuse=reuse, images=gen.images)
             slot.occupy(gen, reused)
             for g in gen.choices:
                 fork = self._lowest_idle()
@@ -329,7 +388,8 @@ class LlamaEngine:
         sampler.advance(req.continue_tokens)
         return sampler
 
-    def _place(self, prompt: list[int], scope: str, reuse: bool = True) -> tuple[Slot, int]:
+    def _place(self, prompt: list[int], scope: str, reuse: bool = True,
+               images: list[ImageSpan] | None = None) -> tuple[Slot, int]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
 
         The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
@@ -340,9 +400,11 @@ class LlamaEngine:
         busy slot's earlier positions never change) or restored from the prompt cache in host memory,
         after what the slot held went to that cache. At least the last prompt token is always
         recomputed, so there are logits to sample from. Only KV computed in the prompt's cache `scope`
-        is reused (kept, copied or restored): other scopes' prefixes count as nothing."""
-        prefix = {slot.index: common_prefix(slot.tokens, prompt) if reuse and slot.scope == scope else 0
-                  for slot in self._slots}
+        is reused (kept, copied or restored): other scopes' prefixes count as nothing. A prefix never ends
+        inside one of the prompt's `images` (vision.py)."""
+        images = images or []
+        prefix = {slot.index: image_boundary(common_prefix(slot.tokens, prompt), images)
+                  if reuse and slot.scope == scope else 0 for slot in self._slots}
         target = self._lowest_idle()
         best_idle = max((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
         if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
@@ -351,6 +413,7 @@ class LlamaEngine:
         if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
             source = target  # copying a stream is only worth it for a real prefix
         cached, held = self._prompt_cache.best(prompt, scope) if reuse else (None, 0)
+        held = image_boundary(held, images)
         if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
             self._save_to_cache(target, keep=0)
             kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
@@ -405,6 +468,7 @@ class LlamaEngine:
 
     # -- one step: build the batch, decode, sample -------------------------------------------------
     def _step(self) -> None:
+        self._decode_image()
         planned = self._fill_batch()
         if self._batch.n == 0:
             return
@@ -418,6 +482,45 @@ class LlamaEngine:
             return
         for slot, tokens in planned:
             self._advance(slot, tokens)
+
+    def _decode_image(self) -> None:
+        """One waiting image per step, encoded and decoded into its slot's KV before the step's token
+        batch (which then takes the text after it): other sequences wait for one image at a time at most."""
+        slot = next((s for s in self._slots if s.pending_image() is not None), None)
+        if slot is None:
+            return
+        gen, span = slot.gen, slot.pending_image()
+        try:
+            rows = span.embd if span.embd is not None else self.projector.encode(span)
+            span.release()
+            # Another choice decodes the prompt again where llama.cpp cannot copy its KV (recurrent models).
+            span.embd = rows if gen.req.n > 1 else None
+            rc = self._decode_rows(rows, gen.n_past, slot.index, span.non_causal)
+        except Exception:  # noqa: BLE001 - fail this request, keep serving the others
+            log.exception("the image of request %s could not be encoded", gen.request_id)
+            rc = None
+        self.steps += 1
+        self.tokens_decoded += span.n_tokens
+        if rc != 0:
+            self.llama.seq_rm(slot.index, gen.n_past, -1)
+            detail = f"llama_decode failed ({rc})" if rc is not None else "the projector failed"
+            self._fail(slot, internal_error(f"Decoding this request's image failed: {detail}.", logged=True))
+            return
+        slot.advanced(gen.prompt[span.start:span.end])
+
+    def _decode_rows(self, rows: Any, pos: int, seq: int, non_causal: bool) -> int:
+        """An image's rows into sequence `seq` from `pos`: in batches of n_batch, or one (non-causal)."""
+        step = len(rows) if non_causal else self.spec.n_batch
+        batch = EmbdBatch(min(step, len(rows)), self.llama.n_embd)
+        try:
+            for i in range(0, len(rows), step):
+                batch.fill(rows[i:i + step], pos + i, seq)
+                rc = decode_embd(self.llama, batch, non_causal)
+                if rc != 0:
+                    return rc
+            return 0
+        finally:
+            batch.free()
 
     def _fill_batch(self) -> list[tuple[Slot, list[int]]]:
         """This step's tokens per slot: one for each generating slot, then prompt chunks within
@@ -578,6 +681,7 @@ class LlamaEngine:
         if slot.gen.sampler is not None:
             slot.gen.sampler.free()
             slot.gen.sampler = None
+        release_all(slot.gen.images)
         slot.vacate(keep_cache)
         if not keep_cache:
             self.llama.seq_rm(slot.index, 0, -1)
@@ -585,7 +689,7 @@ class LlamaEngine:
     def _fail_all(self, err: APIError) -> None:
         with self._cv:
             for gen in (*self._waiting, *(g for g in self._admitting if g.slot < 0)):
-                gen.free_samplers()
+                gen.free()
                 self._out(gen, Failed(err))
             self._waiting.clear()
             self._admitting = []

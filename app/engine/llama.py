@@ -1,6 +1,6 @@
 """Thin, typed access to the llama.cpp C API through llama-cpp-python's ctypes bindings.
 
-Only this module touches ctypes. Everything that allocates native memory has a matching free,
+Only this module touches ctypes (vision.py, mtmd's, aside). Everything that allocates native memory has a matching free,
 and owners (LlamaModelContext, SamplerChain) free it exactly once.
 """
 
@@ -187,6 +187,26 @@ class LlamaModelContext:
             tokens = [self.bos]
         return tokens
 
+    def tokenize_segments(self, prompt: str, marker: str, add_special: bool = True) -> list[list[int]]:
+        """`tokenize_prompt`'s tokens cut at each `marker` written by the template (outside client text):
+        one list more than there are such markers. A `marker` a client typed stays text."""
+        add_bos = add_special and self.add_bos
+        runs = content_marks.split(prompt) if content_marks.OPEN in prompt or content_marks.CLOSE in prompt \
+            else iter([(prompt, False)])
+        segments: list[list[int]] = [[]]
+        started = False
+        for text, is_content in runs:
+            for k, part in enumerate([text] if is_content else text.split(marker)):
+                if k:
+                    segments.append([])
+                if part:
+                    segments[-1] += self.tokenize(part, add_special=not started and add_bos,
+                                                  parse_special=not is_content)
+                    started = True
+        if not started and add_bos:
+            segments[0] = [self.bos]
+        return segments
+
     def detokenize(self, tokens: list[int]) -> str:
         """The text of `tokens` (ids checked by the caller: llama.cpp aborts on one outside the vocabulary).
         Control tokens are written out (`<|im_end|>`); a piece of a UTF-8 character becomes U+FFFD.
@@ -268,6 +288,47 @@ class Batch:
         if self.raw is not None:
             L.llama_batch_free(self.raw)
             self.raw = None
+
+
+class EmbdBatch:
+    """A reusable llama_batch of up to `capacity` embedding rows (an image's projected tokens) for one
+    sequence. llama.cpp decodes a batch of tokens or of embeddings, never both: this is its own decode."""
+
+    def __init__(self, capacity: int, n_embd: int) -> None:
+        self.capacity = capacity
+        self.n_embd = n_embd
+        self.raw = L.llama_batch_init(capacity, n_embd, 1)
+        self.n = 0
+
+    def fill(self, rows: np.ndarray, pos0: int, seq: int) -> None:
+        """`rows` (n, n_embd float32, n <= capacity) at positions pos0.. of `seq`; no logits kept."""
+        n = len(rows)
+        b = self.raw
+        ctypes.memmove(b.embd, np.ascontiguousarray(rows, dtype=np.float32).ctypes.data, rows.size * 4)
+        for i in range(n):
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = False
+        self.n = n
+
+    def free(self) -> None:
+        if self.raw is not None:
+            L.llama_batch_free(self.raw)
+            self.raw = None
+
+
+def decode_embd(llama: LlamaModelContext, batch: EmbdBatch, non_causal: bool) -> int:
+    """Decode an embedding batch; `non_causal`: its rows attend to each other both ways (Gemma 3's
+    images), llama.cpp's causal mask off for this decode only."""
+    batch.raw.n_tokens = batch.n
+    if non_causal:
+        L.llama_set_causal_attn(llama.ctx, False)
+    try:
+        return int(L.llama_decode(llama.ctx, batch.raw))
+    finally:
+        if non_causal:
+            L.llama_set_causal_attn(llama.ctx, True)
 
 
 def decode(llama: LlamaModelContext, batch: Batch) -> int:

@@ -17,6 +17,7 @@ from .events import Event, TokenLogprob
 from .llama import SamplerChain
 from .params import GenerationRequest
 from .stop import StopMatcher
+from .vision import ImageSpan, next_image, release_all
 
 Sink = Callable[[Event], None]
 """Receives one generation's events. Called through the engine's publisher, on its thread."""
@@ -54,6 +55,7 @@ class Generation:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # for text still held back
     token_ids: list[int] = field(default_factory=list)  # generated ids, kept when the request asks for them
     queued_at: float = 0.0   # monotonic time of submission (admission fairness)
+    images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (shared by its choices)
 
     @property
     def request_id(self) -> str:
@@ -64,13 +66,15 @@ class Generation:
         """Idle slots this request takes at once: one per choice."""
         return 1 + len(self.choices)
 
-    def free_samplers(self) -> None:
-        """Free this generation's sampler chain and those of its choices still attached (a request that
-        never reaches a slot, or leaves the queue)."""
+    def free(self) -> None:
+        """Free this generation's native objects: its sampler chain and those of its choices still
+        attached, and its images not yet encoded (a request that never reaches a slot, leaves the queue,
+        or leaves its slot). Idempotent."""
         for g in (self, *self.choices):
             if g.sampler is not None:
                 g.sampler.free()
                 g.sampler = None
+        release_all(self.images)
 
 
 @dataclass(eq=False)
@@ -96,8 +100,20 @@ class Slot:
         self.state = SlotState.GENERATING
 
     def pending_prompt(self) -> list[int]:
+        """The prompt tokens to decode next: up to the next image (decoded on its own), or none."""
         gen = self.gen
-        return gen.prompt[gen.n_past:] if gen is not None and self.state is SlotState.PREFILLING else []
+        if gen is None or self.state is not SlotState.PREFILLING:
+            return []
+        image = next_image(gen.n_past, gen.images) if gen.images else None
+        return gen.prompt[gen.n_past:image.start if image is not None else None]
+
+    def pending_image(self) -> ImageSpan | None:
+        """The image whose turn it is to be decoded into this slot, if any."""
+        gen = self.gen
+        if gen is None or self.state is not SlotState.PREFILLING or not gen.images:
+            return None
+        image = next_image(gen.n_past, gen.images)
+        return image if image is not None and image.start == gen.n_past else None
 
     def advanced(self, tokens: list[int]) -> None:
         """`tokens` were decoded into this slot's KV."""

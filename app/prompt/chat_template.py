@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import content_marks
 from ..api.errors import APIError, invalid_request
+from ..engine.params import IMAGE_MARKER
 
 
 log = logging.getLogger("llamaray.template")
@@ -66,6 +67,23 @@ def content_text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
+def marked_content(content: Any, marker: content_marks.Marker) -> str:
+    """A message's content as template text, client text marked: each `image_url` part becomes
+    IMAGE_MARKER, outside the marks, so the engine puts that image there (and a client who types the
+    marker gets text). Text parts between two images are joined as content_text joins them."""
+    if not isinstance(content, list) or not any(part.get("type") == "image_url" for part in content):
+        return marker.text(content_text(content))
+    out, run = [], []
+    for part in content:
+        if part.get("type") == "image_url":
+            out += [marker.text("".join(run)), IMAGE_MARKER]
+            run = []
+        elif part.get("type") == "text":
+            run.append(part.get("text", ""))
+    out.append(marker.text("".join(run)))
+    return "".join(out)
+
+
 def knows_developer_role(source: str) -> bool:
     """Whether a template handles OpenAI's `developer` role itself (most GGUF templates do not)."""
     return "developer" in source
@@ -82,7 +100,7 @@ def template_messages(messages: list[dict[str, Any]], mark: bool | content_marks
     out = []
     for msg in messages:
         role = "system" if developer_as_system and msg["role"] == "developer" else msg["role"]
-        m: dict[str, Any] = {"role": role, "content": marker.text(content_text(msg.get("content")))}
+        m: dict[str, Any] = {"role": role, "content": marked_content(msg.get("content"), marker)}
         for key in ("name", "reasoning_content"):
             if msg.get(key):
                 m[key] = marker.text(msg[key])

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from app.prompt import content_marks
 from app.prompt.chat_template import check_template, content_text, render_prompt, template_messages
 from app.api.errors import APIError
 
@@ -43,13 +44,15 @@ def test_user_content_stays_literal(tpl, text):
     assert "49" not in out and "looploop" not in out
 
 
-def test_content_parts_are_joined(tpl):
+def test_content_parts_are_joined_with_an_image_place_between(tpl):
     msgs = [{"role": "user", "content": [{"type": "text", "text": "Hello, "},
                                          {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
                                          {"type": "text", "text": "world"}]}]
     out = render_prompt(tpl, msgs)
-    assert "<|im_start|>user\nHello, world<|im_end|>" in out
+    assert "<|im_start|>user\nHello, <__media__>world<|im_end|>" in out
     assert "http://x" not in out
+    marked = render_prompt(tpl, msgs, mark_content=True)  # the place is the template's, not client text
+    assert [(t.strip(), c) for t, c in content_marks.split(marked) if "media" in t] == [("<__media__>", False)]
 
 
 def test_content_text_helper():
