@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, validation_error as chat_validation_error
 from .schemas import (
-    CountTokensRequest, InputMessage, MessagesRequest, RedactedThinkingBlock, TextBlock, ThinkingAdaptive,
+    CountTokensRequest, ImageBlock, InputMessage, MessagesRequest, RedactedThinkingBlock, TextBlock, ThinkingAdaptive,
     ThinkingBlock, ThinkingDisabled, ThinkingEnabled, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone, ToolChoiceTool,
     ToolResultBlock, ToolUseBlock, _Conversation,
 )
@@ -116,19 +116,34 @@ def _user_turn(message: InputMessage, i: int) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": "user", "content": message.content}]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # text and images since the last tool result, in order
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append({"type": "image_url", "image_url": {"url": block.url()}})
         elif isinstance(block, ToolResultBlock):
-            if texts:  # text before a result: its own user message, in order
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
+            if parts:  # what came before a result: its own user message, in order
+                out.append({"role": "user", "content": _user_content(parts)})
+                parts = []
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)})
         else:
             raise _wrong_role(block.type, "user", f"messages.{i}.content.{j}")
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if parts or not out:
+        out.append({"role": "user", "content": _user_content(parts)})
+    return out
+
+
+def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text blocks joined by newlines, as one string; with images, chat parts (newlines between texts kept)."""
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part["type"] == "text" and out and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + "\n" + part["text"]}
+        else:
+            out.append(part)
     return out
 
 

@@ -37,6 +37,29 @@ class TextBlock(_Strict):
     citations: None = None  # citations need documents, which are refused
 
 
+class Base64ImageSource(_Strict):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class URLImageSource(_Strict):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(_Strict):
+    """An image (a model with a projector), as a data URL to chat's image_url part. A `file` source needs
+    the Files API, which this server has not: refused by validation."""
+    type: Literal["image"]
+    source: Annotated[Union[Base64ImageSource, URLImageSource], Field(discriminator="type")]
+    cache_control: CacheControl | None = None
+
+    def url(self) -> str:
+        source = self.source
+        return source.url if isinstance(source, URLImageSource) else f"data:{source.media_type};base64,{source.data}"
+
+
 class DirectCaller(_Strict):
     """Who made a call: the model itself (server-side code execution, the other caller, is refused)."""
 
@@ -76,7 +99,7 @@ class RedactedThinkingBlock(_Strict):
     data: str
 
 
-ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+ContentBlock = Annotated[Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
                          Field(discriminator="type")]
 
 
@@ -214,9 +237,9 @@ class CountTokensRequest(_Conversation):
 
 # ---- refused before validation -------------------------------------------------------------------
 
-TEXT_ONLY = "this server's models take text only"
+TEXT_ONLY = "this server's models take text (and images, with a projector) only"
 REFUSED_BLOCKS = {
-    "image": TEXT_ONLY, "document": TEXT_ONLY, "search_result": TEXT_ONLY,
+    "document": TEXT_ONLY, "search_result": TEXT_ONLY,
     "server_tool_use": "server tools are not supported", "web_search_tool_result": "server tools are not supported",
     "web_fetch_tool_result": "server tools are not supported",
     "code_execution_tool_result": "server tools are not supported",
@@ -296,9 +319,9 @@ def _parse(model: type[_Conversation], payload: Any) -> Any:
         raise validation_error(exc) from None
 
 
-_BLOCK_TAGS = {"text", "tool_use", "tool_result", "thinking", "redacted_thinking", "auto", "any", "tool", "none",
-               "enabled", "disabled", "adaptive"}
-_UNION_FIELDS = {"tool_choice", "thinking"}
+_BLOCK_TAGS = {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "auto", "any", "tool",
+               "none", "enabled", "disabled", "adaptive", "base64", "url"}
+_UNION_FIELDS = {"tool_choice", "thinking", "source"}
 _TYPE_LABEL = re.compile(r"^(str|int|float|bool|none|[a-z]+\[.*\]|function-(after|before|plain)\[.*)$")
 
 

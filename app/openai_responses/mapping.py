@@ -19,6 +19,7 @@ from .schemas import (
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputImage,
     InputItem,
     MessageItem,
     NonTextPart,
@@ -108,19 +109,34 @@ def input_messages(items: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _content(content: str | list[Any], param: str) -> str | list[dict[str, Any]]:
-    """One text part as a plain string (as a reply is stored), several as chat text parts."""
+    """One text part as a plain string (as a reply is stored), several as chat parts (images as chat's
+    image_url parts)."""
     if isinstance(content, str):
         return content
     parts = []
     for j, part in enumerate(content):
         if isinstance(part, NonTextPart):
-            raise invalid_request(f"The models here take text only; `{part.type}` content is not supported.",
-                                  param=f"{param}[{j}].type", code="unsupported_content")
-        parts.append({"type": "refusal", "refusal": part.refusal} if isinstance(part, Refusal)
-                     else {"type": "text", "text": part.text})
+            raise invalid_request(f"`{part.type}` content is not supported (text, and images for a model with a "
+                                  f"projector).", param=f"{param}[{j}].type", code="unsupported_content")
+        if isinstance(part, InputImage):
+            parts.append(_image(part, f"{param}[{j}]"))
+        elif isinstance(part, Refusal):
+            parts.append({"type": "refusal", "refusal": part.refusal})
+        else:
+            parts.append({"type": "text", "text": part.text})
     if len(parts) == 1 and parts[0]["type"] == "text":
         return parts[0]["text"]
     return parts
+
+
+def _image(part: InputImage, param: str) -> dict[str, Any]:
+    if not part.image_url:
+        raise invalid_request("An `input_image` needs `image_url` (a data URL): `file_id` needs the Files API, "
+                              "which this server has not.", param=f"{param}.image_url", code="unsupported_content")
+    url: dict[str, Any] = {"url": part.image_url}
+    if part.detail is not None:
+        url["detail"] = part.detail
+    return {"type": "image_url", "image_url": url}
 
 
 def _text(content: str | list[ContentPart], param: str) -> str:
@@ -128,7 +144,7 @@ def _text(content: str | list[ContentPart], param: str) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if isinstance(part, (NonTextPart, Refusal)):
+        if isinstance(part, (NonTextPart, Refusal, InputImage)):
             raise invalid_request(f"A function call's output takes text only; `{part.type}` is not supported.",
                                   param=f"{param}[{j}].type", code="unsupported_content")
         texts.append(part.text)

@@ -56,12 +56,21 @@ class Refusal(_Item):
     refusal: str
 
 
+class InputImage(_Item):
+    """An image (a model with a projector): by URL (a data URL, or http(s) where the server fetches them).
+    `file_id` needs the Files API, which this server has not: refused in the mapping."""
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto", "original"] | None = None
+
+
 class NonTextPart(_Item):
-    """A part this text-only server cannot read: refused in the mapping with its position."""
-    type: Literal["input_image", "input_file", "input_audio"]
+    """A part this server cannot read: refused in the mapping with its position."""
+    type: Literal["input_file", "input_audio"]
 
 
-ContentPart = Annotated[Union[InputText, OutputText, Refusal, NonTextPart], Field(discriminator="type")]
+ContentPart = Annotated[Union[InputText, OutputText, Refusal, InputImage, NonTextPart], Field(discriminator="type")]
 
 
 class MessageItem(_Item):

@@ -171,12 +171,14 @@ def test_invalid_fields_are_named(fields, param, words):
 
 @pytest.mark.parametrize("fields, param, words", [
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
-     "messages.0.content.0.type", "text only"),
+     "messages.0.content.0.source.media_type", "required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
+     "messages.0.content.0.source", "'base64', 'url'"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
-     "messages.0.content.0.type", "text only"),
+     "messages.0.content.0.type", "text (and images"),
     ({"messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image", "source": {}}]}]}]},
-     "messages.0.content.0.content.0.type", "text only"),
+     "messages.0.content.0.content.0.type", "'text'"),
     ({"system": [{"type": "text", "text": "s", "citations": [{"type": "char_location"}]}]}, "system.0.citations",
      "citations"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type", "server tool"),
@@ -201,8 +203,19 @@ def test_mapping_refusals():
 
 def test_count_tokens_is_as_strict():
     assert refused({"max_tokens": 5}, count=True).param == "max_tokens"  # not a field of a token count
-    assert refused({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+    assert refused({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
                    count=True).param == "messages.0.content.0.type"
+
+
+def test_image_blocks_become_chat_image_parts_in_order():
+    chat = chat_of(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Compare"}, {"type": "text", "text": "these:"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}])
+    assert chat["messages"][-1]["content"] == [
+        {"type": "text", "text": "Compare\nthese:"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
 
 
 def test_a_replys_blocks_pass_back_as_they_are():

@@ -47,7 +47,9 @@ def test_built_in_tools_are_refused_naming_the_tool(tool):
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+     "input[0].content[0].image_url"),
     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "xx"}]}, "input"),
     ({"input": []}, "input"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
@@ -55,6 +57,15 @@ def test_built_in_tools_are_refused_naming_the_tool(tool):
 ])
 def test_unsupported_or_invalid_fields_are_400s_naming_them(fields, param):
     assert refused(**fields).param == param
+
+
+def test_input_images_become_chat_image_parts():
+    turn = to_turn(parse(input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBO", "detail": "low"}]}]))
+    assert turn.chat.messages[-1].model_dump(exclude_none=True)["content"] == [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO", "detail": "low"}}]
 
 
 def test_defaults_and_ignored_fields_are_accepted():
