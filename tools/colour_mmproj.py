@@ -57,7 +57,7 @@ import argparse
 import os
 from pathlib import Path
 
-VERSION = "1"  # bump when the weights or layout change: it keys the cache
+VERSION = "2"  # bump when the weights or layout change: it keys the cache
 CACHE_DIR = Path(os.environ.get("LLAMARAY_TEST_MODELS", "~/.cache/llamaray/test-models")).expanduser()
 
 # Corners of the RGB cube, as signs of (R, G, B) in [-1, 1], and the chat model's token for each.
@@ -186,7 +186,9 @@ def tensors(embeddings) -> dict:
     import numpy as np
 
     d, ff = N_EMBD, N_FF
-    f32 = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+    def f32(*shape):
+        return np.zeros(shape, np.float32)
+
     out = {}
 
     # Patch embedding: each output dim a weighted sum over the patch's pixels, per channel.
@@ -258,7 +260,7 @@ def build(out: Path, model: Path | None = None) -> None:
     embeddings = phrase_embeddings(model or chat_model_path())
     writer = gguf.GGUFWriter(str(out), "clip")
     writer.add_string("general.name", "colour-stand-in-llava-mmproj")
-    writer.add_string("general.description", "hand-built: image tokens are the embedding of the image's colour word")
+    writer.add_string("general.description", "hand-built stand-in: a one-colour image reads as the token embeddings of ' a <colour> square.'")
     writer.add_string("clip.projector_type", "mlp")
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.has_text_encoder", False)

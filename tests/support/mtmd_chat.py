@@ -9,6 +9,7 @@ fails on these models: "all entries in the batch must have the same content type
 from __future__ import annotations
 
 import ctypes
+from typing import Self
 
 import llama_cpp as L
 from llama_cpp import mtmd_cpp as M
@@ -59,7 +60,7 @@ class MtmdChat:
             L.llama_model_free(self.model)
         self.model = self.ctx = self.mtmd = self.sampler = None
 
-    def __enter__(self) -> MtmdChat:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -113,7 +114,6 @@ class MtmdChat:
         finally:
             M.mtmd_input_chunks_free(handle)
         pieces = []
-        pos = n_past.value
         for _ in range(max_tokens):
             token = L.llama_sampler_sample(self.sampler, self.ctx, -1)
             if L.llama_vocab_is_eog(self.vocab, token):
@@ -125,7 +125,6 @@ class MtmdChat:
             batch = L.llama_batch_get_one(one, 1)
             if L.llama_decode(self.ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed")
-            pos += 1
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     def _tokenize(self, prompt: str, images: list[tuple[int, int, bytes]]):
