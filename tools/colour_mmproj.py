@@ -1,18 +1,17 @@
-"""A hand-built multimodal projector whose images carry their colour: a stand-in for the vision tests.
+r"""A hand-built multimodal projector whose images carry their colour: a stand-in for the vision tests.
 
 No vision GGUF ships on PyPI, so the tests have no real projector (mmproj) for the bundled chat model,
 SmolLM2-135M-Instruct. This writes one by hand, from numpy + `gguf` (no training, no torch): a LLaVA-type
-clip GGUF (projector type "mlp") whose vision tower finds each patch's colour and whose projector writes,
-for every image token, the chat model's own token embedding of that colour's word (" red", " green", ...).
-The chat model then reads the image as if the prompt held that word where the template puts the image.
+clip GGUF (projector type "mlp") whose vision tower finds each patch's colour and whose projector writes
+the chat model's own token embeddings: a one-colour image reads, token for token, as " a red square."
+(with its colour's word: " red", " green", ..., " pink" for magenta) where the template puts the image.
 
-It is not a vision model: it sees nothing but the mean colour of each 16x16 patch (of the image resized
-to 32x32: four image tokens), snapped to the nearest corner of the RGB cube (red, green, blue, yellow,
-cyan, magenta, white, black) when every channel is clearly on (> 159) or off (< 96); a patch of any
-other colour becomes a zero vector or a blend. A one-colour image of a corner colour reads, token for token, as " a red square." (with its
-colour's word). What it proves is that an image's pixels reach the prompt
-through the projector at the place the template puts them, so an answer that names the colour could
-only have come from the image.
+It is not a vision model: it sees nothing but the mean colour of each 16x16 patch of the image resized to
+32x32 (four image tokens), snapped to the nearest corner of the RGB cube (red, green, blue, yellow, cyan,
+magenta, white, black) when every channel is clearly on (> 159) or off (< 96); a patch of any other
+colour becomes a zero vector or a blend. What it proves is that an image's pixels reach the prompt
+through the projector at the place the template puts them, so an answer that names the colour could only
+have come from the image.
 
 Why LLaVA's type and not SmolVLM's (idefics3): mtmd wraps idefics3 images in SmolVLM's own tokens
 (<fake_token_around_image>, <global-img>), looked up in the chat model's vocabulary; SmolLM2 has none, so
@@ -45,7 +44,9 @@ the answer (12 tokens) names the colour and no other colour ("pink", "purple" co
     {M}\nName the colour of this image in one word.           Y   -   Y   -   -   -   Y   Y
 
 34 of 40 right. The same five phrasings with other readings of the image: the colour word alone in each
-of 4 image tokens 28/40 (in each of 16: 19/40; in one: 18/40); " The colour is <colour>" 28/40. tests/tools/test_colour_mmproj.py asserts the colours right in both of its two phrasings.
+of 4 image tokens 28/40 (in each of 16: 19/40; in one: 18/40); " The colour is <colour>" 28/40.
+tests/tools/test_colour_mmproj.py asserts the seven colours right in both of its two phrasings (the
+first and fourth rows; the same with one thread and with a 300x200 image).
 
     python tools/colour_mmproj.py            # builds the cached GGUF once, prints its path
     python tools/colour_mmproj.py --out F    # writes F
