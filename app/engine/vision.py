@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from llama_cpp import mtmd_cpp as M
 
-from .llama import LlamaModelContext
+from .llama import LlamaModelContext, _llama_log
 from .params import IMAGE_MARKER, ImageInput
 
 log = logging.getLogger("llamaray.vision")
@@ -42,6 +42,10 @@ class Projector:
     """One mtmd context: a projector GGUF bound to the loaded text model."""
 
     def __init__(self, path: str, llama: LlamaModelContext, n_threads: int, use_gpu: bool) -> None:
+        # mtmd and clip log every image at info level to stderr; through llama.py's filter, warnings and
+        # errors reach our log and the rest is dropped.
+        M.mtmd_log_set(_llama_log, ctypes.c_void_p(0))
+        M.mtmd_helper_log_set(_llama_log, ctypes.c_void_p(0))
         params = M.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.n_threads = n_threads
