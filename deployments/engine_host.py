@@ -16,7 +16,7 @@ from app.config.settings import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
-from app.engine.params import EmbeddingJob, EmbeddingResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
@@ -89,7 +89,7 @@ class EngineHost:
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, "embedding", "generation")
+            raise wrong_kind(self.spec.id, self.spec.kind, "generation")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -114,12 +114,14 @@ class EngineHost:
             if tracing.current().enabled:
                 tracing.record_generation(timeline, request, self.spec.id, failure)
 
-    async def embed(self, job: EmbeddingJob, *, bounded: bool = False) -> EmbeddingResult:
-        """An embedding model's vectors for the job's inputs (batched with other requests' by its engine).
+    async def embed(self, job: EmbeddingJob | RerankJob, *, bounded: bool = False) -> EmbeddingResult | RerankResult:
+        """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
+        (batched with other requests' by its engine).
         `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
         engine = self._ready_engine()
-        if not isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, "chat", "/v1/embeddings")
+        route = "/v1/rerank" if isinstance(job, RerankJob) else "/v1/embeddings"
+        if not isinstance(engine, EmbeddingEngine) or (self.spec.kind == "rerank") != isinstance(job, RerankJob):
+            raise wrong_kind(self.spec.id, self.spec.kind, route)
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
