@@ -232,7 +232,7 @@ def standard_config(shape: str) -> dict[str, Any]:
 def start_standard(shape: str) -> "ServeCluster":
     # Logical CPUs: the graph's replicas reserve more than this machine's 2 cores (llama.cpp's threads
     # are set by n_threads, not by the reservation).
-    return ServeCluster(standard_config(shape), num_cpus=2 if shape == "single" else 5, serve_local=shape == "single",
+    return ServeCluster(standard_config(shape), num_cpus=2 if shape == "single" else 6, serve_local=shape == "single",
                         env={"LLAMARAY_API_KEYS": f"{KEY_A},{KEY_B}"}).__enter__()
 
 
