@@ -89,7 +89,7 @@ class EngineHost:
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, self.spec.kind, "generation")
+            raise wrong_kind(self.spec.id, _kind(engine), "generation")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -119,9 +119,9 @@ class EngineHost:
         (batched with other requests' by its engine).
         `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
         engine = self._ready_engine()
-        route = "/v1/rerank" if isinstance(job, RerankJob) else "/v1/embeddings"
-        if not isinstance(engine, EmbeddingEngine) or (self.spec.kind == "rerank") != isinstance(job, RerankJob):
-            raise wrong_kind(self.spec.id, self.spec.kind, route)
+        kind = _kind(engine)
+        if kind != ("rerank" if isinstance(job, RerankJob) else "embedding"):
+            raise wrong_kind(self.spec.id, kind, "/v1/rerank" if isinstance(job, RerankJob) else "/v1/embeddings")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -171,3 +171,10 @@ class EngineHost:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+def _kind(engine: Any) -> str:
+    """The kind of model an engine serves: a pooling engine with a pair format is a reranker's."""
+    if not isinstance(engine, EmbeddingEngine):
+        return "chat"
+    return "rerank" if engine.pair_vocab is not None else "embedding"

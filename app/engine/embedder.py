@@ -31,7 +31,7 @@ from ..config.settings import ModelSpec, place
 from . import hardware
 from .llama import Batch, LlamaModelContext, embed_batch
 from .params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
-from .rerank_format import format_pair
+from .rerank_format import PairVocab, format_pair
 
 log = logging.getLogger("llamaray.embedder")
 
@@ -51,6 +51,8 @@ class _Pending:
 
 
 class EmbeddingEngine:
+    pair_vocab: PairVocab | None = None  # a reranker's (rank pooling): how its (query, document) pairs are formed
+
     def __init__(self, spec: ModelSpec) -> None:
         spec = place(spec)
         self.spec = spec
