@@ -17,7 +17,7 @@ from app.engine import GenerationRequest
 from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
-from app.engine.params import EmbeddingJob, EmbeddingResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
@@ -86,7 +86,7 @@ class EngineHost:
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, "embedding", "generation")
+            raise wrong_kind(self.spec.id, _kind(engine), "generation")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -111,12 +111,14 @@ class EngineHost:
             if tracing.current().enabled:
                 tracing.record_generation(timeline, request, self.spec.id, failure)
 
-    async def embed(self, job: EmbeddingJob, *, bounded: bool = False) -> EmbeddingResult:
-        """An embedding model's vectors for the job's inputs (batched with other requests' by its engine).
+    async def embed(self, job: EmbeddingJob | RerankJob, *, bounded: bool = False) -> EmbeddingResult | RerankResult:
+        """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
+        (batched with other requests' by its engine).
         `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
         engine = self._ready_engine()
-        if not isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, "chat", "/v1/embeddings")
+        kind = _kind(engine)
+        if kind != ("rerank" if isinstance(job, RerankJob) else "embedding"):
+            raise wrong_kind(self.spec.id, kind, "/v1/rerank" if isinstance(job, RerankJob) else "/v1/embeddings")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -166,3 +168,10 @@ class EngineHost:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+def _kind(engine: Any) -> str:
+    """The kind of model an engine serves: a pooling engine with a pair format is a reranker's."""
+    if not isinstance(engine, EmbeddingEngine):
+        return "chat"
+    return "rerank" if engine.pair_vocab is not None else "embedding"

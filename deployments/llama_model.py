@@ -1,5 +1,5 @@
 """LlamaModel: one replica owns one llama.cpp context and batches many requests over it: generations for a
-chat model, embeddings for an embedding model (`kind` in its entry; EngineHost starts the engine it names)."""
+chat model, embeddings for an embedding model, scores for a reranker (`kind` in its entry; EngineHost starts the engine it names)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ray import serve
 
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
-from app.engine.params import EmbeddingJob, EmbeddingResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
 from app.observe import tracing
 from app.serving.models import ModelState
 
@@ -46,7 +46,7 @@ class LlamaModel:
         async for batch in self.host.generate(request):
             yield batch
 
-    async def embed(self, job: EmbeddingJob) -> EmbeddingResult:
+    async def embed(self, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
         return await self.host.embed(job)
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:

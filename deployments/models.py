@@ -9,7 +9,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from app.engine.events import Event
-from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest
+from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
 
 from .engine_host import EngineHost
 from .error_mapping import call_mapped, to_api_error
@@ -31,7 +31,7 @@ class LocalModels:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
             raise to_api_error(exc) from None
 
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
         try:
             return await self.hosts[model_id].embed(job, bounded=True)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError, as over a handle
@@ -61,7 +61,7 @@ class RemoteModels:
     def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         return relay(lambda: self.streams[model_id].generate.remote(request))
 
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
         return await call_mapped(lambda: self.handles[model_id].embed.remote(job))
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:

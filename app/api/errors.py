@@ -64,12 +64,18 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+# What each model kind is, and the routes it serves.
+KIND_SERVES = {"chat": ("a chat model", "/v1/chat/completions and /v1/completions"),
+               "embedding": ("an embedding model", "/v1/embeddings"),
+               "rerank": ("a reranker", "/v1/rerank")}
+
+
 def wrong_kind(model: str, kind: str, route: str) -> APIError:
-    """A model asked for what its kind does not do: `kind` is the model's ("chat", "embedding"), `route`
-    what was asked ("/v1/embeddings", "chat completions")."""
-    serves = "/v1/embeddings" if kind == "embedding" else "/v1/chat/completions and /v1/completions"
-    return invalid_request(f"Model `{model}` is {'an embedding' if kind == 'embedding' else 'a chat'} model: it "
-                           f"serves {serves}, not {route}.", param="model", code="unsupported_model")
+    """A model asked for what its kind does not do: `kind` is the model's ("chat", "embedding", "rerank"),
+    `route` what was asked ("/v1/embeddings", "chat completions")."""
+    what, serves = KIND_SERVES.get(kind, KIND_SERVES["chat"])
+    return invalid_request(f"Model `{model}` is {what}: it serves {serves}, not {route}.", param="model",
+                           code="unsupported_model")
 
 
 def not_found(message: str) -> APIError:

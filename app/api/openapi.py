@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .embeddings import EmbeddingRequest
+from .rerank import RerankRequest
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,7 +68,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                         ("CreateCompletionRequest", CompletionRequest), ("TokenizeRequest", TokenizeRequest),
                         ("DetokenizeRequest", DetokenizeRequest), ("CreateResponseRequest", ResponsesRequest),
                         ("ResponsesInputTokensRequest", InputTokensRequest),
-                        ("CreateEmbeddingRequest", EmbeddingRequest), ("CreateMessageRequest", MessagesRequest),
+                        ("CreateEmbeddingRequest", EmbeddingRequest), ("RerankRequest", RerankRequest),
+                        ("CreateMessageRequest", MessagesRequest),
                         ("CountMessageTokensRequest", CountTokensRequest)):
         request = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(request.pop("$defs", {}))
@@ -78,8 +80,8 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "llamaray", "version": version,
-                 "description": "OpenAI- and Anthropic-compatible chat, Responses, Messages, completions and embeddings "
-                                "on llama.cpp through Ray Serve."},
+                 "description": "OpenAI- and Anthropic-compatible chat, Responses, Messages, completions, embeddings "
+                                "and reranking on llama.cpp through Ray Serve."},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
@@ -103,6 +105,9 @@ def openapi_document(version: str = "0.1.0") -> dict[str, Any]:
                                                "`input_tokens`: the request's prompt, counted", errors),
             "/v1/embeddings": _post("createEmbedding", "CreateEmbeddingRequest",
                                     "A list of embeddings (an embedding model)", errors),
+            **{path: _post(op, "RerankRequest", "`results`: each document's `index` and `relevance_score`, highest "
+                           "first (a reranker)", errors)
+               for path, op in (("/v1/rerank", "rerank"), ("/rerank", "rerankAlias"), ("/v2/rerank", "rerankV2"))},
             "/tokenize": _post("tokenize", "TokenizeRequest", "`tokens`, `count`, `max_model_len`", errors),
             "/detokenize": _post("detokenize", "DetokenizeRequest", "`prompt`: the tokens' text", errors),
             "/v1/models": {"get": {"operationId": "listModels", "responses": {

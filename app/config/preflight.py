@@ -8,8 +8,8 @@ from .settings import ConfigError, ModelSpec
 
 
 def preflight(spec: ModelSpec) -> None:
-    if spec.kind == "embedding":
-        return  # no template, no reply to parse
+    if spec.kind != "chat":
+        return  # an embedding model or a reranker: no template, no reply to parse
     try:
         check_template(spec.chat_template)
         resolve_reply_format(spec.chat_template, spec.reasoning_parser, spec.tool_parser)

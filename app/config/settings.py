@@ -43,9 +43,10 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(description="the `model` name clients send")
-    kind: Literal["chat", "embedding"] = Field(
+    kind: Literal["chat", "embedding", "rerank"] = Field(
         "chat", description="`chat`: a generating model (chat and legacy completions); `embedding`: an embedding "
-                            "model, served on /v1/embeddings")
+                            "model, served on /v1/embeddings; `rerank`: a reranker (a GGUF with rank pooling), "
+                            "served on /v1/rerank")
     model_path: str | None = Field(None, description="the GGUF (required for `engine: llama`): a file path on every "
                                    "node that runs it; pkg:<package>/<file> (shipped in a package); "
                                    "hf://<org>/<repo>/<file.gguf>[@<revision>] or <org>/<repo>:<quant>[@<revision>] "
@@ -91,9 +92,10 @@ class ModelConfig(BaseModel):
                               "most likely holding the prompt's longest prefix in its KV cache (falling back to "
                               "load when it is busy); `load` is Serve's default (power of two choices)")
     owned_by: str = "llamaray"
-    # Embedding models (kind: embedding) only.
-    pooling: Literal["mean", "cls", "last"] | None = Field(
-        None, description="how token vectors become one vector per input (default: the GGUF's pooling_type)")
+    # Embedding models (kind: embedding) only; `pooling` also for rerankers (kind: rerank), which need `rank`.
+    pooling: Literal["mean", "cls", "last", "rank"] | None = Field(
+        None, description="how token vectors become one vector per input (default: the GGUF's pooling_type); a "
+                          "reranker's is `rank` (its classifier head scores each pair)")
     normalize: bool = Field(True, description="scale each vector to unit length (L2), as OpenAI's are")
     dimensions: list[int] | None = Field(
         None, min_length=1, description="vector sizes a request's `dimensions` may ask for: the prefixes the model "
@@ -103,16 +105,22 @@ class ModelConfig(BaseModel):
     def _kind_keys(self) -> "ModelConfig":
         """Keys that mean nothing for the model's kind are refused, not silently ignored."""
         given = self.model_fields_set
-        wrong = CHAT_ONLY_KEYS if self.kind == "embedding" else EMBEDDING_ONLY_KEYS
+        wrong = {"embedding": CHAT_ONLY_KEYS, "rerank": CHAT_ONLY_KEYS + RERANK_REFUSED_KEYS}.get(
+            self.kind, EMBEDDING_ONLY_KEYS)
         named = [k for k in wrong if k in given]
         if named:
             keys = ", ".join(f"`{k}`" for k in named)
             if self.kind == "embedding":
                 raise ValueError(f"{keys} apply to chat models; model {self.id!r} is `kind: embedding` "
                                  f"(it serves /v1/embeddings: no template, no generation)")
+            if self.kind == "rerank":
+                raise ValueError(f"{keys} do not apply to model {self.id!r}: it is `kind: rerank` (it serves "
+                                 f"/v1/rerank: one score per document, no template, no generation, no vectors)")
             raise ValueError(f"{keys} apply to `kind: embedding` models; model {self.id!r} is a chat model")
-        if self.kind == "embedding" and self.engine != "llama":
-            raise ValueError("an embedding model runs on `engine: llama`")
+        if self.kind != "chat" and self.engine != "llama":
+            raise ValueError(f"a `kind: {self.kind}` model runs on `engine: llama`")
+        if self.pooling == "rank" and self.kind != "rerank":
+            raise ValueError(f"`pooling: rank` makes a reranker; set `kind: rerank` on model {self.id!r}")
         if self.dimensions is not None and any(d < 1 for d in self.dimensions):
             raise ValueError("`dimensions` are vector sizes: positive integers")
         return self
@@ -160,6 +168,7 @@ CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_m
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
                   "prompt_cache_mib", "routing", "synthetic", "mmproj_path")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
+RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector
 
 
 class SyntheticSettings(BaseModel):
@@ -218,6 +227,10 @@ class Limits(BaseModel):
     max_embedding_inputs: int = Field(2048, ge=1, description="most inputs in one /v1/embeddings request")
     max_embedding_tokens: int = Field(65536, ge=1, description="most tokens over all inputs of one /v1/embeddings "
                                       "request (after truncation)")
+    # A rerank request decodes the query once per document, so it is bounded by pairs and their tokens.
+    max_rerank_documents: int = Field(1000, ge=1, description="most documents in one /v1/rerank request")
+    max_rerank_tokens: int = Field(65536, ge=1, description="most tokens over all (query, document) pairs of one "
+                                   "/v1/rerank request (after truncation)")
     # Images in chat messages (a model with a projector): each is decoded here, in Python, by Pillow, and
     # only its RGB pixels reach llama.cpp. Bytes bound the upload, pixels bound the decoded size (a
     # 50 kB PNG can claim 100k x 100k), and the count bounds the projector's work per request.
@@ -362,9 +375,9 @@ class ModelSpec:
     # range reads) or "config" (the header was not readable: `metadata_note` says why; config values only).
     metadata_from: str = "file"
     metadata_note: str = ""
-    kind: str = "chat"  # ModelConfig.kind: "chat" or "embedding"
+    kind: str = "chat"  # ModelConfig.kind: "chat", "embedding" or "rerank"
     # kind embedding: llama.cpp's pooling ("mean", "cls", "last"), unit-length vectors, the sizes a request
-    # may truncate them to (Matryoshka), and the model's own vector size.
+    # may truncate them to (Matryoshka), and the model's own vector size. kind rerank: pooling "rank".
     pooling: str = ""
     normalize: bool = True
     dimensions: tuple[int, ...] = ()
@@ -420,7 +433,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSpec:
         except (GGUFError, OSError) as exc:
             raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
         where["path"] = str(path)
-    if cfg.kind == "embedding":
+    if cfg.kind in ("embedding", "rerank"):
         return embedding_spec(cfg, where, meta)
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
     if not template:
@@ -521,7 +534,8 @@ POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # GGUF <
 
 
 def embedding_spec(cfg: ModelConfig, where: dict[str, Any], meta: dict[str, Any]) -> ModelSpec:
-    """An embedding model's spec (`where`: its file or remote source, as resolve_model found it). Its context
+    """An embedding model's or a reranker's spec (`where`: its file or remote source, as resolve_model found
+    it): a reranker's pooling is rank, an embedding model's any other. Its context
     is per input, at most what the model was trained on (a BERT has no
     position past it), and one input is decoded whole in one llama_decode (llama.cpp's non-causal attention
     needs the batch in one micro-batch), so `n_batch` is at least `n_ctx`."""
@@ -539,9 +553,14 @@ def embedding_spec(cfg: ModelConfig, where: dict[str, Any], meta: dict[str, Any]
         raise ConfigError(f"{name}: n_batch {n_batch} is below n_ctx {n_ctx}; an embedding model decodes each input "
                           f"whole in one batch, so n_batch must be at least n_ctx")
     pooling = cfg.pooling or POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), "none")
-    if pooling == "rank":
-        raise ConfigError(f"{name}: the GGUF is a reranker (pooling_type rank), not an embedding model")
-    if pooling not in ("mean", "cls", "last"):
+    if cfg.kind == "rerank" and pooling != "rank":
+        raise ConfigError(f"{name}: `kind: rerank` needs a reranker: a GGUF with rank pooling ({arch}.pooling_type "
+                          f"4, a classifier head), or `pooling: rank` for one whose header does not say so; this "
+                          f"one pools {pooling!r}")
+    if cfg.kind == "embedding" and pooling == "rank":
+        raise ConfigError(f"{name}: the GGUF is a reranker (pooling_type rank), not an embedding model; "
+                          f"set `kind: rerank`")
+    if cfg.kind == "embedding" and pooling not in ("mean", "cls", "last"):
         raise ConfigError(f"{name}: the GGUF names no pooling ({arch}.pooling_type), so llama.cpp would give a "
                           f"vector per token; set `pooling: mean`, `cls` or `last` (as the model was trained)")
     dims = tuple(sorted(set(cfg.dimensions or ())))
@@ -550,7 +569,7 @@ def embedding_spec(cfg: ModelConfig, where: dict[str, Any], meta: dict[str, Any]
     tokens = meta.get("tokenizer.ggml.tokens")
     fields = {**resolve_model_fields(cfg), "n_ctx": n_ctx, "n_batch": n_batch}
     return ModelSpec(**fields, **where, chat_template="", bos_token="", eos_token="",
-                     n_vocab=len(tokens) if isinstance(tokens, list) else 0, kind="embedding", pooling=pooling,
+                     n_vocab=len(tokens) if isinstance(tokens, list) else 0, kind=cfg.kind, pooling=pooling,
                      normalize=cfg.normalize, dimensions=dims, n_embd=n_embd)
 
 

@@ -4,21 +4,19 @@ floats, or base64 of little-endian float32 as OpenAI sends them (what its SDK as
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
 import uuid
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..api.embeddings import EmbeddingRequest, inputs
-from ..api.errors import invalid_request, model_not_found, timeout_error, wrong_kind
+from ..api.errors import invalid_request, model_not_found, wrong_kind
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import EmbeddingJob, EmbeddingResult
-from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
+from ..observe.request_records import NullObserver, RequestObserver
 from ..serving.caller import ANONYMOUS, Caller
-from ..serving.lifecycle import recording
+from ..serving.lifecycle import pooled_request
 
 
 class ModelEmbeddings(Protocol):
@@ -71,27 +69,6 @@ class EmbeddingService:
 
     async def complete(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         job = self.job(req)  # the client's errors, before anything is recorded (as for generations)
-        done: list[EmbeddingResult] = []
-        started = time.monotonic()
-        with recording(self.observer, lambda failure: embedding_record(req.model, done, failure, started)):
-            try:
-                async with asyncio.timeout(self.limits.request_timeout_s):
-                    done.append(await self.engines.embed(req.model, job))
-            except TimeoutError:
-                raise timeout_error(self.limits.request_timeout_s) from None
-        return embedding_body(req.model, done[0], req.encoding_format)
-
-
-def embedding_record(model: str, done: list[EmbeddingResult], failure: BaseException | None,
-                     started: float) -> RequestRecord:
-    """An embeddings request for the request metrics: its input tokens as prompt tokens, nothing generated."""
-    status, code = "ok", None
-    if isinstance(failure, asyncio.CancelledError):
-        status = "cancelled"
-    elif failure is not None:
-        code = getattr(failure, "code", None) or "internal_error"
-        status = "timeout" if code == "timeout" else "error"
-    return RequestRecord(model=model, stream=False, status=status, error_code=code,
-                         duration_s=time.monotonic() - started, ttft_s=None, itl_s=None,
-                         prompt_tokens=done[0].prompt_tokens if done else 0, completion_tokens=0, cached_tokens=0,
-                         protocol="embeddings")
+        result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
+                                      lambda: self.engines.embed(req.model, job))
+        return embedding_body(req.model, result, req.encoding_format)

@@ -1,5 +1,8 @@
 """The embedding engine: many inputs of many requests pooled into vectors by one llama_decode.
 
+A reranker (rank pooling) runs on the same engine: a RerankJob's inputs are its (query, document) pairs,
+formatted as llama-server formats them (rerank_format.py), and each pooled output is the pair's score.
+
 `prepare` (any thread; off the event loop: `embed` runs it in one) tokenizes a job's inputs and checks them
 against the model's context and the request's token budget, so bad input is a 400 before anything is
 queued. One decode thread drains the queue: it packs the waiting inputs, first come first served, into one
@@ -27,7 +30,8 @@ from ..api.errors import APIError, invalid_request
 from ..config.settings import ModelSpec, place
 from . import hardware
 from .llama import Batch, LlamaModelContext, embed_batch
-from .params import EmbeddingJob, EmbeddingResult
+from .params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
+from .rerank_format import PairVocab, format_pair
 
 log = logging.getLogger("llamaray.embedder")
 
@@ -37,7 +41,7 @@ class _Pending:
 
     __slots__ = ("job", "tokens", "vectors", "next", "left", "future")
 
-    def __init__(self, job: EmbeddingJob, tokens: list[list[int]]) -> None:
+    def __init__(self, job: EmbeddingJob | RerankJob, tokens: list[list[int]]) -> None:
         self.job = job
         self.tokens = tokens
         self.vectors: list[np.ndarray | None] = [None] * len(tokens)
@@ -47,6 +51,8 @@ class _Pending:
 
 
 class EmbeddingEngine:
+    pair_vocab: PairVocab | None = None  # a reranker's (rank pooling): how its (query, document) pairs are formed
+
     def __init__(self, spec: ModelSpec) -> None:
         spec = place(spec)
         self.spec = spec
@@ -57,6 +63,7 @@ class EmbeddingEngine:
             extra_buffers=hardware.use_extra_buffers(spec.cpu_extra_buffers, hardware.system_info()),
         )
         self.n_ctx = spec.n_ctx
+        self.pair_vocab = self.llama.pair_vocab() if spec.pooling == "rank" else None
         self._batch = Batch(spec.n_batch)
         self._cv = threading.Condition()
         self._waiting: deque[_Pending] = deque()
@@ -72,16 +79,12 @@ class EmbeddingEngine:
         return self
 
     # -- called from any thread ------------------------------------------------------------------
-    def prepare(self, job: EmbeddingJob) -> list[list[int]]:
+    def prepare(self, job: EmbeddingJob | RerankJob) -> list[list[int]]:
         """Each input's tokens, checked: ids in the vocabulary, within the context (or truncated as the job
         asks), the total within its budget. APIError (400) naming the input otherwise."""
-        limit = self.n_ctx
-        if job.truncate is not None:
-            if job.truncate > self.n_ctx:
-                raise invalid_request(f"`truncate_prompt_tokens` is {job.truncate}; model `{self.spec.id}` embeds at "
-                                      f"most {self.n_ctx} tokens per input.", param="truncate_prompt_tokens",
-                                      code="invalid_value")
-            limit = self.n_ctx if job.truncate < 0 else job.truncate
+        if isinstance(job, RerankJob):
+            return self._prepare_pairs(job)
+        limit = self._truncation_limit(job.truncate)
         out: list[list[int]] = []
         total = 0
         for i, item in enumerate(job.inputs):
@@ -105,6 +108,51 @@ class EmbeddingEngine:
             out.append(tokens)
         return out
 
+    def _truncation_limit(self, truncate: int | None) -> int:
+        """Tokens an input may keep: the context, or fewer where `truncate_prompt_tokens` asks (-1: the context)."""
+        if truncate is None or truncate < 0:
+            return self.n_ctx
+        if truncate > self.n_ctx:
+            raise invalid_request(f"`truncate_prompt_tokens` is {truncate}; model `{self.spec.id}` reads at most "
+                                  f"{self.n_ctx} tokens per input.", param="truncate_prompt_tokens",
+                                  code="invalid_value")
+        return truncate
+
+    def _prepare_pairs(self, job: RerankJob) -> list[list[int]]:
+        """Each (query, document) pair's tokens, checked like an embedding input; a long pair loses its
+        document's last tokens when the job says `truncate`."""
+        if self.pair_vocab is None:
+            raise invalid_request(f"Model `{self.spec.id}` is not a reranker (rank pooling).", param="model",
+                                  code="unsupported_model")
+
+        def tokenize(text: str, parse_special: bool) -> list[int]:
+            return self.llama.tokenize(text, add_special=False, parse_special=parse_special)
+
+        limit = self._truncation_limit(job.truncate)
+        out: list[list[int]] = []
+        total = 0
+        for i, document in enumerate(job.documents):
+            where = f"documents[{i}]"
+            pair = format_pair(self.pair_vocab, tokenize, job.query, document)
+            if len(pair.tokens) > limit:
+                cut = pair.truncated(limit) if job.truncate is not None else None
+                if cut is None:
+                    raise invalid_request(
+                        f"The query with `{where}` is {len(pair.tokens)} tokens; model `{self.spec.id}` reads at "
+                        f"most {limit} tokens per pair. Shorten it"
+                        + ("" if job.truncate is not None else
+                           ", or set `truncate_prompt_tokens` to cut the end of long documents")
+                        + ".", param=where, code="context_length_exceeded")
+                pair = cut
+            total += len(pair.tokens)
+            if job.max_total_tokens is not None and total > job.max_total_tokens:
+                raise invalid_request(f"The pairs make more than {job.max_total_tokens} tokens (at `{where}`); "
+                                      f"this server reranks at most that many in one request "
+                                      f"(limits.max_rerank_tokens). Send fewer documents.",
+                                      param="documents", code="too_many_tokens")
+            out.append(pair.tokens)
+        return out
+
     def _tokens(self, item: str | tuple[int, ...], where: str) -> list[int]:
         if isinstance(item, str):
             # Client text never becomes a control token; the model's own ([CLS] ... [SEP]) are added.
@@ -117,8 +165,9 @@ class EmbeddingEngine:
                                       code="invalid_token")
         return list(item)
 
-    def submit(self, job: EmbeddingJob, tokens: list[list[int]]) -> Future:
-        """Queue a prepared job; its future gets the EmbeddingResult (or an APIError). Any thread."""
+    def submit(self, job: EmbeddingJob | RerankJob, tokens: list[list[int]]) -> Future:
+        """Queue a prepared job; its future gets the EmbeddingResult or RerankResult (or an APIError). Any
+        thread."""
         pending = _Pending(job, tokens)
         with self._cv:
             if self.broken is None:
@@ -128,7 +177,7 @@ class EmbeddingEngine:
         raise APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
                        code="engine_unavailable")
 
-    def embed_now(self, job: EmbeddingJob, timeout_s: float | None = None) -> EmbeddingResult:
+    def embed_now(self, job: EmbeddingJob | RerankJob, timeout_s: float | None = None) -> EmbeddingResult | RerankResult:
         """prepare + submit + wait, on the caller's thread (tests, tools)."""
         return self.submit(job, self.prepare(job)).result(timeout_s)
 
@@ -236,11 +285,19 @@ class EmbeddingEngine:
         log.debug("embedded %d inputs (%d tokens) in %.1f ms", len(taken), batch.n,
                   (time.perf_counter() - started) * 1000)
         for row, (pending, index) in enumerate(taken):
-            pending.vectors[index] = finish_vector(vectors[row], pending.job.dimensions, self.spec.normalize)
+            job = pending.job
+            if isinstance(job, RerankJob):
+                # A classifier with several outputs (n_cls_out > 1) scores relevance in its first, as
+                # llama-server reads it.
+                pending.vectors[index] = float(vectors[row][0])
+            else:
+                pending.vectors[index] = finish_vector(vectors[row], job.dimensions, self.spec.normalize)
             pending.left -= 1
             if pending.left == 0 and not pending.future.done():
                 prompt_tokens = sum(len(t) for t in pending.tokens)
-                pending.future.set_result(EmbeddingResult(tuple(pending.vectors), prompt_tokens))
+                result = (RerankResult(tuple(pending.vectors), prompt_tokens) if isinstance(job, RerankJob)
+                          else EmbeddingResult(tuple(pending.vectors), prompt_tokens))
+                pending.future.set_result(result)
 
 
 def _fail(pending: _Pending, error: APIError) -> None:
@@ -260,8 +317,8 @@ def finish_vector(vector: np.ndarray, dimensions: int | None, normalize: bool) -
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
-async def embed(engine: EmbeddingEngine, job: EmbeddingJob) -> EmbeddingResult:
-    """The job's vectors, from asyncio: prepared in a thread (tokenizing is CPU work), then awaited. Cancelling
+async def embed(engine: EmbeddingEngine, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
+    """The job's vectors (or a rerank job's scores), from asyncio: prepared in a thread (tokenizing is CPU work), then awaited. Cancelling
     the caller drops the job if the engine has not started on it."""
     tokens = await asyncio.to_thread(engine.prepare, job)
     return await asyncio.wrap_future(engine.submit(job, tokens))

@@ -21,6 +21,7 @@ import numpy as np
 from ..api.errors import invalid_request
 from ..prompt import content_marks
 from .params import SamplingParams
+from .rerank_format import PairVocab
 
 log = logging.getLogger("llamaray.llama")
 
@@ -90,7 +91,8 @@ def cpu_backend() -> str:
     name = path.rsplit("/", 1)[-1]
     match = re.match(r"libggml-cpu-(.+?)\.so", name)
     return match.group(1) if match else name
-POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS, "last": L.LLAMA_POOLING_TYPE_LAST}
+POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS, "last": L.LLAMA_POOLING_TYPE_LAST,
+           "rank": L.LLAMA_POOLING_TYPE_RANK}
 
 
 class LlamaModelContext:
@@ -139,6 +141,9 @@ class LlamaModelContext:
         self.bos = L.llama_vocab_bos(self.vocab)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_embd = int(L.llama_model_n_embd_out(self.model))
+        # Floats per sequence that llama_get_embeddings_seq holds: a vector, or with rank pooling the
+        # classifier's n_cls_out scores (reading n_embd floats there would run past llama.cpp's buffer).
+        self.n_pooled = int(L.llama_model_n_cls_out(self.model)) if pooling == "rank" else self.n_embd
         self._piece_buf = ctypes.create_string_buffer(256)
         self.longest_piece = self._longest_piece()
 
@@ -220,6 +225,15 @@ class LlamaModelContext:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = -n
         raise RuntimeError("llama_detokenize kept asking for a larger buffer")
+
+    def pair_vocab(self) -> PairVocab:
+        """The special tokens llama.cpp's rule puts around a (query, document) pair, and the model's `rerank`
+        template (tokenizer.chat_template.rerank), if it has one."""
+        raw = L.llama_model_chat_template(self.model, b"rerank")
+        return PairVocab(bos=self.bos, eos=L.llama_vocab_eos(self.vocab), sep=L.llama_vocab_sep(self.vocab),
+                         add_bos=self.add_bos, add_eos=bool(L.llama_vocab_get_add_eos(self.vocab)),
+                         add_sep=bool(L.llama_vocab_get_add_sep(self.vocab)),
+                         template=raw.decode("utf-8") if raw else None)
 
     def is_control(self, token: int) -> bool:
         return bool(L.llama_vocab_is_control(self.vocab, token))
@@ -338,18 +352,19 @@ def decode(llama: LlamaModelContext, batch: Batch) -> int:
 
 def embed_batch(llama: LlamaModelContext, batch: Batch, n_seqs: int) -> np.ndarray | None:
     """Decode `batch` on an embedding context (sequences 0..n_seqs-1, every token an output) and return each
-    sequence's pooled vector, a (n_seqs, n_embd) float32 copy; None if llama.cpp refused the batch.
+    sequence's pooled output, a (n_seqs, n_pooled) float32 copy (a vector, or a reranker's scores); None if
+    llama.cpp refused the batch.
     A decoder model's KV is cleared first: each batch is a set of inputs of its own (an encoder has none)."""
     if llama.memory:
         L.llama_memory_clear(llama.memory, True)
     if decode(llama, batch) != 0:
         return None
-    out = np.empty((n_seqs, llama.n_embd), dtype=np.float32)
+    out = np.empty((n_seqs, llama.n_pooled), dtype=np.float32)
     for seq in range(n_seqs):
         ptr = L.llama_get_embeddings_seq(llama.ctx, seq)
         if not ptr:
             return None
-        out[seq] = np.ctypeslib.as_array(ptr, shape=(llama.n_embd,))
+        out[seq] = np.ctypeslib.as_array(ptr, shape=(llama.n_pooled,))
     return out
 
 

@@ -108,3 +108,23 @@ class EmbeddingJob:
 class EmbeddingResult:
     vectors: tuple[Any, ...]  # one float32 numpy array per input, in order
     prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class RerankJob:
+    """One /v1/rerank request as its reranker's replica takes it: the query paired with each document, each
+    pair one sequence of the embedding engine (rank pooling: one relevance score per sequence)."""
+
+    request_id: str
+    query: str
+    documents: tuple[str, ...]
+    # Cut a pair longer than k tokens (-1: the model's context) at its document's end instead of refusing it
+    # (vLLM's truncate_prompt_tokens). None: a pair longer than the context is refused.
+    truncate: int | None = None
+    max_total_tokens: int | None = None  # over all pairs, after truncation
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    scores: tuple[float, ...]  # one per document, in the request's order
+    prompt_tokens: int

@@ -90,7 +90,7 @@ def start_engine(spec: ModelSpec) -> Any:
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
                  "on" if report.get("extra_buffers") else "off",
                  hardware.describe(report.get("system_info"), report.get("cpu_backend")))
-    if spec.kind == "embedding":
+    if spec.kind in ("embedding", "rerank"):  # a reranker is a pooling model too (rank pooling)
         from .embedder import EmbeddingEngine
 
         return EmbeddingEngine(spec).start()

@@ -30,6 +30,7 @@ from ..api.errors import (
 )
 from .keepalive import Tick, with_ticks
 from ..api.embeddings import EmbeddingRequest
+from ..api.rerank import RerankRequest
 from ..api.openapi import openapi_document
 from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
@@ -97,6 +98,8 @@ def error_event(exc: BaseException, shape: ErrorShape = error_body) -> dict[str,
 
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+# llama-server answers rerank at all three; vLLM at /rerank, /v1/rerank and /v2/rerank (Cohere's path).
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
 def error_shape_of(path: str) -> ErrorShape:
@@ -234,6 +237,10 @@ class Endpoints:
         """OpenAI's embeddings, answered whole by the processing like a non-streamed generation."""
         return await self._answer(request, EmbeddingRequest, self.processing.respond)
 
+    async def rerank(self, request: Request) -> Response:
+        """A reranker's relevance scores (llama-server's and vLLM's body), answered whole like embeddings."""
+        return await self._answer(request, RerankRequest, self.processing.respond)
+
     async def tokenize(self, request: Request) -> Response:
         return await self._answer(request, TokenizeRequest, self.processing.tokenize)
 
@@ -362,6 +369,7 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_message_tokens, methods=["POST"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        *(Route(path, api.rerank, methods=["POST"]) for path in RERANK_PATHS),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
@@ -413,7 +421,8 @@ class APIKeyMiddleware:
 
 
 TRACE_STATE = "llamaray.traceparent"
-TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize",
+TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", *RERANK_PATHS, "/tokenize",
+                          "/detokenize",
                           "/v1/responses", "/v1/responses/input_tokens", *ANTHROPIC_PATHS})
 
 

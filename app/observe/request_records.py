@@ -19,7 +19,7 @@ class RequestRecord:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    protocol: str = "chat"      # the API that answered: "chat", "completions", "responses", "messages", "embeddings"
+    protocol: str = "chat"      # the API that answered: "chat", "completions", "responses", "messages", "embeddings", "rerank"
     finish_reason: str | None = None  # the (first) choice's, when it finished
 
 

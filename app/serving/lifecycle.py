@@ -7,11 +7,12 @@ service says only what differs: how it plans, which streams it opens, how events
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..api.errors import invalid_request, model_not_found, wrong_kind
+from ..api.errors import invalid_request, model_not_found, timeout_error, wrong_kind
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
@@ -72,6 +73,34 @@ def recording(observer: RequestObserver, record: Callable[[BaseException | None]
         raise
     finally:
         observer.record(record(failure))
+
+
+async def pooled_request(observer: RequestObserver, protocol: str, model: str, limits: Limits,
+                         call: Callable[[], Awaitable[T]]) -> T:
+    """A request answered by one pooled pass of its model (embeddings, rerank): `call` within
+    limits.request_timeout_s, recorded once with its input tokens (`prompt_tokens` of its result)."""
+    done: list[Any] = []
+    started = time.monotonic()
+
+    def record(failure: BaseException | None) -> RequestRecord:
+        status, code = "ok", None
+        if isinstance(failure, asyncio.CancelledError):
+            status = "cancelled"
+        elif failure is not None:
+            code = getattr(failure, "code", None) or "internal_error"
+            status = "timeout" if code == "timeout" else "error"
+        return RequestRecord(model=model, stream=False, status=status, error_code=code,
+                             duration_s=time.monotonic() - started, ttft_s=None, itl_s=None,
+                             prompt_tokens=done[0].prompt_tokens if done else 0, completion_tokens=0,
+                             cached_tokens=0, protocol=protocol)
+
+    with recording(observer, record):
+        try:
+            async with asyncio.timeout(limits.request_timeout_s):
+                done.append(await call())
+        except TimeoutError:
+            raise timeout_error(limits.request_timeout_s) from None
+    return done[0]
 
 
 ReplyT = TypeVar("ReplyT", bound=Reply)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest
+from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
 
 State = Literal["ready", "loading", "downloading", "failed", "unavailable"]
 # States that /health and requests report as a failure, with their reason.
@@ -45,8 +45,9 @@ class Models(Protocol):
     def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         """The generation's event batches; a failure is raised as an APIError (Ray's own failures mapped)."""
 
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
-        """An embedding model's vectors for the job's inputs; an APIError for bad input."""
+    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
+        """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
+        (the same pooling engine); an APIError for bad input."""
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
 

@@ -14,6 +14,8 @@ from ..chat import ChatService
 from ..completions import CompletionService
 from ..embeddings import EmbeddingService
 from ..api.embeddings import EmbeddingRequest
+from ..api.rerank import RerankRequest
+from ..rerank import RerankService
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -25,8 +27,9 @@ from ..prompt.tokens import TokenService
 from .caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest, EmbeddingRequest]
-"""A request to a model: its type says which protocol answers it (embeddings only through `respond`)."""
+APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest, EmbeddingRequest,
+                   RerankRequest]
+"""A request to a model: its type says which protocol answers it (embeddings and rerank only through `respond`)."""
 
 
 class Processing(Protocol):
@@ -76,7 +79,8 @@ class Processor:
                                           ResponsesRequest: responses,
                                           InputTokensRequest: InputTokensService(responses, models),
                                           MessagesRequest: messages,
-                                          EmbeddingRequest: EmbeddingService(specs, models, limits, observer)}
+                                          EmbeddingRequest: EmbeddingService(specs, models, limits, observer),
+                                          RerankRequest: RerankService(specs, models, limits, observer)}
         self.tokens = TokenService(specs, models, limits=limits)
         self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
         self.response_store = response_store
@@ -117,7 +121,7 @@ class Processor:
 
 # OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
-              "embeddings": "embeddings"}
+              "embeddings": "embeddings", "rerank": "rerank"}
 
 
 def _span(service: Any, request: APIRequest, caller: Caller) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest
+from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
 from ..observe import tracing
 from .caller import Caller
 from .models import Models
@@ -78,7 +78,7 @@ class TracedModels:
         return tracing.stream_in(span, self.inner.open_stream(
             model_id, replace(request, traceparent=tracing.traceparent_of(span))))
 
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
         return await self.inner.embed(model_id, job)
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:

