@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from tests.support.hostile_images import HOSTILE_IMAGES, RED, data_url
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, THINK_MODEL, sse_json
 
@@ -104,6 +105,25 @@ CORPUS = [
     ("logit_bias \"1\" and \"01\"", chat(logit_bias={"1": 1, "01": -1}), 400, "logit_bias"),
     ("tool parameters not an object", chat(tools=[tool({"type": "string"}, name="lookup")]), 400,
      "tools[0].function.parameters"),
+]
+
+def look_at(*parts, role="user"):
+    """A chat request for the standard cluster's image-taking model (the bundled one, with its projector)."""
+    return chat(messages=[{"role": role, "content": [{"type": "text", "text": "What is this?"}, *parts]}])
+
+
+def image(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+# Each decoded in Python by Pillow (never by llama.cpp) and refused before the model is asked.
+CORPUS += [(f"image: {name}", look_at(image(url)), 400, "messages[0].content[1].image_url")
+           for name, url, _ in HOSTILE_IMAGES]
+CORPUS += [
+    ("9 images (limits.max_images 8)", look_at(*[image(data_url(RED))] * 9), 400, "messages[0].content[9]"),
+    ("image in an assistant message", look_at(image(data_url(RED)), role="assistant"), 400, "messages[0].content[1]"),
+    ("image_url without url", look_at({"type": "image_url", "image_url": {"detail": "low"}}), 400,
+     "messages[0].content[1].image_url"),
 ]
 LONG_PROMPT = " ".join(["The committee reviewed the annual report in detail."] * 90)  # ~900 tokens, within n_ctx
 # Legacy completions: (name, body, expected status, expected param)

@@ -208,8 +208,10 @@ def standard_config(shape: str) -> dict[str, Any]:
     (Ingress, ChatProcessor, a LlamaModel deployment per model), with API keys required and two model
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
     itself) with replies read by the `think` reasoning parser; an embedding model, all-MiniLM-L6-v2; and a
-    reranker made from it (tools/minilm_reranker_gguf.py)."""
+    reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
+    projector (tools/colour_mmproj.py); the second takes none."""
     from tests.support.embedder import embedder_gguf, reranker_gguf
+    from tools.colour_mmproj import cached_gguf as colour_mmproj
 
     overlays: list[Any] = ["configs/local-cpu.yaml"]
     if shape == "graph":
@@ -218,7 +220,7 @@ def standard_config(shape: str) -> dict[str, Any]:
         "name": APP,
         "args": {"models": [
             # smaller context so a too-long prompt is cheap to build
-            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4},
+            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4, "mmproj_path": str(colour_mmproj())},
             {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
              "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE},
             {"id": EMBED_MODEL, "kind": "embedding", "model_path": embedder_gguf(), "n_seq_max": 16, "n_threads": 1,
