@@ -3,6 +3,8 @@ that shares a prefix with a busy slot copies that slot's KV."""
 
 from __future__ import annotations
 
+import time
+
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
 from app.prompt.chat_template import render_prompt
@@ -17,19 +19,30 @@ def _submit(eng, rid, prompt, max_tokens, cache_prompt=True, logprobs=None, **sa
     return box
 
 
+def _idle(eng, deadline_s: float = 300) -> None:
+    """Wait until nothing runs or waits on the shared engine (another test's generation may still be ending):
+    "alone" means alone."""
+    end = time.monotonic() + deadline_s
+    while (eng.stats()["running"] or eng.stats()["waiting"]) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not (eng.stats()["running"] or eng.stats()["waiting"]), eng.stats()
+
+
 def test_seeded_request_repeats_alone_after_batched_load(engine, bundled_spec):
     prompt = render_prompt(bundled_spec.chat_template, [{"role": "user", "content": "Describe a forest."}])
     # cache_prompt false: each decodes its whole prompt alone, in batches of the same shapes
     seeded = dict(temperature=0.9, top_k=40, top_p=0.95, seed=77, cache_prompt=False)
+    _idle(engine)
     first = _submit(engine, "alone-1", prompt, 24, **seeded)
-    assert first.wait(60)
+    assert first.wait(300)
     load = [_submit(engine, f"load-{i}", render_prompt(bundled_spec.chat_template, [
         {"role": "user", "content": f"Write about river number {i}."}]), 32, temperature=1.0, seed=i) for i in range(3)]
     batched = _submit(engine, "batched", prompt, 24, **seeded)  # inside the batch (text may differ)
     for box in load + [batched]:
-        assert box.wait(120)
+        assert box.wait(300)
+    _idle(engine)
     again = _submit(engine, "alone-2", prompt, 24, **seeded)
-    assert again.wait(60)
+    assert again.wait(300)
     assert first.text and again.text == first.text
 
 
