@@ -17,11 +17,13 @@ asked (`--template`); the cached one has none, so pairs are formatted by the voc
 
     python tools/minilm_reranker_gguf.py             # builds the cached GGUF once, prints its path
     python tools/minilm_reranker_gguf.py --measure   # fits, prints the held-out figures
+    python tools/minilm_reranker_gguf.py --fit       # fits, stores the head in tools/data/ (what a build then reads)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +37,7 @@ from tools.rerank_pairs import FIT, HELD_OUT, UNRELATED  # noqa: E402
 
 # Bump when the pairs or the fit change: the cache is keyed by it and the wheel's version.
 HEAD_VERSION = 1
+HEAD_FILE = Path(__file__).resolve().parent / "data" / "minilm_reranker_head.json"
 POOLING_CLS, POOLING_RANK = 2, 4
 RIDGE = 1e-2
 
@@ -135,14 +138,39 @@ def fit_head(src: Path) -> tuple[dict[str, np.ndarray], tuple[float, float]]:
             measured = held_out_ranking(lambda p: features(p) @ w + b)
         finally:
             features.close()
+    return head_tensors(w, b), measured
+
+
+def stored_head() -> dict[str, np.ndarray] | None:
+    """The head fitted by `--fit` (tools/data/), so a fresh checkout writes the reranker in seconds instead
+    of featurizing a few thousand pairs first; None when it was fitted for another HEAD_VERSION."""
+    if not HEAD_FILE.is_file():
+        return None
+    data = json.loads(HEAD_FILE.read_text())
+    if data.get("head_version") != HEAD_VERSION or data.get("wheel_version") != minilm_gguf.VERSION:
+        return None
+    return head_tensors(np.array(data["weight"], dtype=np.float32), float(data["bias"]))
+
+
+def head_tensors(w: np.ndarray, b: float) -> dict[str, np.ndarray]:
     n_embd = w.shape[0]
-    head = {"cls.weight": np.eye(n_embd, dtype=np.float32), "cls.bias": np.zeros(n_embd, dtype=np.float32),
+    return {"cls.weight": np.eye(n_embd, dtype=np.float32), "cls.bias": np.zeros(n_embd, dtype=np.float32),
             "cls.output.weight": w.astype(np.float32)[None, :], "cls.output.bias": np.array([b], dtype=np.float32)}
-    return head, measured
+
+
+def store_head(head: dict[str, np.ndarray], measured: tuple[float, float]) -> None:
+    HEAD_FILE.parent.mkdir(parents=True, exist_ok=True)
+    HEAD_FILE.write_text(json.dumps({
+        "head_version": HEAD_VERSION, "wheel_version": minilm_gguf.VERSION,
+        "held_out": {"pairwise": round(measured[0], 4), "top1": round(measured[1], 4)},
+        "bias": float(head["cls.output.bias"][0]),
+        "weight": [float(x) for x in head["cls.output.weight"][0]]}, indent=0) + "\n")
 
 
 def convert(src: Path, out: Path, template: str | None = None) -> None:
-    head, _ = fit_head(src)
+    head = stored_head()
+    if head is None:
+        head, _ = fit_head(src)
     minilm_gguf.convert(src, out, pooling=POOLING_RANK, name="minilm-reranker (test stand-in)", head=head,
                         templates={"rerank": template} if template else None)
 
@@ -152,9 +180,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the GGUF here (default: the test-model cache)")
     parser.add_argument("--template", help="a `rerank` chat template with {query} and {document} (with --out)")
     parser.add_argument("--measure", action="store_true", help="fit, and print the held-out figures")
+    parser.add_argument("--fit", action="store_true", help=f"fit, and store the head in {HEAD_FILE.name}")
     args = parser.parse_args()
-    if args.measure:
-        _, (pairwise, top1) = fit_head(minilm_gguf.source_dir())
+    if args.measure or args.fit:
+        head, (pairwise, top1) = fit_head(minilm_gguf.source_dir())
+        if args.fit:
+            store_head(head, (pairwise, top1))
         print(f"held out: answer above a distractor {pairwise:.1%} of pairs; above all of them for {top1:.1%} "
               f"of {len(HELD_OUT)} questions")
     elif args.out:
