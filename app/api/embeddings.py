@@ -3,12 +3,22 @@ inputs read out of `input` with a 400 that names the one at fault."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field
 
 from .errors import invalid_request
 from .schemas import _Model
+
+
+def _truncation(v: int | None) -> int | None:
+    if v == 0:
+        raise ValueError("must be -1 (the model's context) or a positive number of tokens")
+    return v
+
+
+# vLLM's `truncate_prompt_tokens`, as embeddings and rerank take it: -1 (the model's context) or a count.
+TruncatePromptTokens = Annotated[int | None, Field(ge=-1), AfterValidator(_truncation)]
 
 
 class EmbeddingRequest(_Model):
@@ -24,14 +34,7 @@ class EmbeddingRequest(_Model):
     user: str | None = None
     # vLLM's: keep the last k tokens of a longer input (-1: as many as the model's context holds) instead
     # of refusing it.
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _truncate(cls, v: int | None) -> int | None:
-        if v == 0:
-            raise ValueError("must be -1 (the model's context) or a positive number of tokens")
-        return v
+    truncate_prompt_tokens: TruncatePromptTokens = None
 
 
 def _is_id(value: Any) -> bool:

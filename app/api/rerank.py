@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from .errors import invalid_request
+from .embeddings import TruncatePromptTokens
 from .schemas import _Model
 
 
@@ -23,15 +24,8 @@ class RerankRequest(_Model):
     return_documents: bool = False
     # vLLM's: cut a pair longer than k tokens (-1: the model's context) at its document's end instead of
     # refusing it.
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncate_prompt_tokens: TruncatePromptTokens = None
     user: str | None = None
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _truncate(cls, v: int | None) -> int | None:
-        if v == 0:
-            raise ValueError("must be -1 (the model's context) or a positive number of tokens")
-        return v
 
 
 def documents(raw: Any, max_documents: int) -> tuple[str, ...]:
