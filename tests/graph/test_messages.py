@@ -155,6 +155,12 @@ def test_errors_in_anthropic_shape(sdk, cluster, raw):
     assert_valid_error(info.value.response.json())
 
     r = raw.post("/v1/messages", json=body(messages=[{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]))
     assert r.status_code == 400 and "messages.0.content.0.type" in r.json()["error"]["message"]
+    assert_valid_error(r.json())
+    # An image that is not one: refused by the image reader, in Anthropic's shape too.
+    r = raw.post("/v1/messages", json=body(messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]))
+    assert r.status_code == 400 and "not an image" in r.json()["error"]["message"], r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert_valid_error(r.json())
