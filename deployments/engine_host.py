@@ -17,7 +17,7 @@ from app.engine import GenerationRequest
 from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
-from app.engine.params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
@@ -129,6 +129,12 @@ class EngineHost:
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)
+
+    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+        engine = self._ready_engine()
+        if isinstance(engine, EmbeddingEngine):
+            raise wrong_kind(self.spec.id, self.spec.kind, "chat prompts")
+        return await asyncio.to_thread(engine.count_prompt, prompt, images)
 
     async def detokenize(self, tokens: list[int]) -> str:
         return await asyncio.to_thread(self._ready_engine().detokenize, tokens)

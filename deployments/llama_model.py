@@ -10,7 +10,7 @@ from ray import serve
 
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
-from app.engine.params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
 from app.observe import tracing
 from app.serving.models import ModelState
 
@@ -51,6 +51,9 @@ class LlamaModel:
 
     async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return await self.host.tokenize(text, add_special)
+
+    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+        return await self.host.count_prompt(prompt, images)
 
     async def detokenize(self, tokens: list[int]) -> str:
         return await self.host.detokenize(tokens)

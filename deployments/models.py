@@ -9,7 +9,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from app.engine.events import Event
-from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
+from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
 
 from .engine_host import EngineHost
 from .error_mapping import call_mapped, to_api_error
@@ -40,6 +40,9 @@ class LocalModels:
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         return await self.hosts[model_id].tokenize(text, add_special)
 
+    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
+        return await self.hosts[model_id].count_prompt(prompt, images)
+
     async def detokenize(self, model_id: str, tokens: list[int]) -> str:
         return await self.hosts[model_id].detokenize(tokens)
 
@@ -66,6 +69,9 @@ class RemoteModels:
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         return await call_mapped(lambda: self.handles[model_id].tokenize.remote(text, add_special))
+
+    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
+        return await call_mapped(lambda: self.handles[model_id].count_prompt.remote(prompt, images))
 
     async def detokenize(self, model_id: str, tokens: list[int]) -> str:
         return await call_mapped(lambda: self.handles[model_id].detokenize.remote(tokens))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.errors import model_not_found
+from ..api.schemas import ChatCompletionRequest
+from ..chat.images import check_images, load_images
 from ..chat.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
 from ..config.settings import Limits, ModelSpec
 from ..prompt.tokens import ModelTokens
@@ -17,11 +19,15 @@ from .schemas import CountTokensRequest
 from .shaping import count_tokens_body
 
 
-def prompt_text(req: CountTokensRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> str:
+def prompt_text(req: CountTokensRequest, spec: ModelSpec, fmt: ReplyFormat,
+                limits: Limits) -> tuple[str, ChatCompletionRequest]:
+    """The rendered prompt, and the chat request it was rendered from (its images, if any, to load)."""
     mapped = to_chat_request(req)
-    check_model_limits(mapped.chat, spec)
+    check_images(mapped.chat, spec, limits)
+    check_model_limits(mapped.chat, spec, images=True)
     check_grammar_inputs(mapped.chat, limits)
-    return chat_prompt(spec, tool_plan(mapped.chat, fmt, grammar_limits(limits)), True, mapped.template_kwargs)
+    text = chat_prompt(spec, tool_plan(mapped.chat, fmt, grammar_limits(limits)), True, mapped.template_kwargs)
+    return text, mapped.chat
 
 
 class MessageTokenCounter:
@@ -36,5 +42,8 @@ class MessageTokenCounter:
         spec = self.models.get(req.model)
         if spec is None:
             raise model_not_found(req.model)
-        text = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
+        text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
+        images = await load_images(chat, self.limits)
+        if images:  # their positions are the projector's to count, on the model's replica
+            return count_tokens_body(await self.tokens.count_prompt(spec.id, text, images))
         return count_tokens_body(len(await self.tokens.tokenize(spec.id, text, True)))

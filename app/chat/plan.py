@@ -124,13 +124,14 @@ def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLi
 
 def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec, images: bool = False) -> None:
     """Content the model cannot take here, and its completion limit: a 400 that names the limit (as
-    OpenAI answers), never a silent clamp. `images`: image parts pass (generation, after check_images);
-    the routes that only count tokens never load images, so they refuse them."""
+    OpenAI answers), never a silent clamp. `images`: image parts pass (generation and the counting routes,
+    after check_images); /tokenize, which lists token ids, refuses them."""
     taken = ("text", "refusal", "image_url") if images else ("text", "refusal")
     for i, msg in enumerate(req.messages):
         for j, part in enumerate(msg.content if isinstance(msg.content, list) else []):
             if part.type not in taken:
-                what = ("this route counts text only" if part.type == "image_url" and spec.takes_images
+                what = ("/tokenize lists token ids, which an image has none of (/v1/messages/count_tokens and "
+                        "/v1/responses/input_tokens count images)" if part.type == "image_url" and spec.takes_images
                         else f"model `{spec.id}` takes text only")
                 raise invalid_request(f"`{part.type}` content is not supported: {what}.",
                                       param=f"messages[{i}].content[{j}].type", code="unsupported_content")

@@ -33,7 +33,7 @@ from .admission import BACKFILL_S, admissible
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .llama import (Batch, EmbdBatch, GrammarTooSlow, LlamaModelContext, NoValidToken, SamplerChain, decode,
                     decode_embd, logprobs_at)
-from .params import IMAGE_MARKER, GenerationRequest
+from .params import IMAGE_MARKER, GenerationRequest, ImageInput
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
 from .stop import StopMatcher
@@ -234,6 +234,15 @@ class LlamaEngine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
         return self.llama.tokenize_prompt(text, add_special)
+
+    def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+        """A rendered prompt's tokens as `prepare` counts them, its images' positions included (the
+        projector's preprocessing only: nothing is encoded). Any thread."""
+        probe = GenerationRequest(request_id="count", prompt=prompt, images=images)
+        self._check_images(probe)
+        tokens, spans = self._tokenize(probe)
+        release_all(spans)
+        return len(tokens)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids; an id outside the vocabulary is a 400 naming its place. Any thread."""

@@ -127,8 +127,12 @@ class InputTokensService:
 
     async def complete(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         plan = await self.responses.plan(req, caller)
-        ids = await self.tokens.tokenize(plan.chat.spec.id, plan.chat.gen.prompt, True)
-        return {"object": "response.input_tokens", "input_tokens": len(ids)}
+        gen = plan.chat.gen
+        if gen.images:  # their positions are the projector's to count, on the model's replica
+            count = await self.tokens.count_prompt(plan.chat.spec.id, gen.prompt, gen.images)
+        else:
+            count = len(await self.tokens.tokenize(plan.chat.spec.id, gen.prompt, True))
+        return {"object": "response.input_tokens", "input_tokens": count}
 
     def stream(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
         raise invalid_request("`stream` is not supported when counting input tokens.", param="stream")

@@ -19,6 +19,7 @@ from ..chat.plan import (
     tool_plan,
 )
 from ..config.settings import Limits, ModelSpec
+from ..engine.params import ImageInput
 from ..serving.lifecycle import off_loop
 from . import content_marks
 from .tool_calling import ReplyFormat, resolve_reply_format
@@ -28,6 +29,8 @@ class ModelTokens(Protocol):
     """The models' tokenizers (the LlamaModel replicas through handles in production)."""
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
+
+    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int: ...
 
     async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
+from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
 
 State = Literal["ready", "loading", "downloading", "failed", "unavailable"]
 # States that /health and requests report as a failure, with their reason.
@@ -50,6 +50,9 @@ class Models(Protocol):
         (the same pooling engine); an APIError for bad input."""
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
+
+    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
+        """A rendered chat prompt's tokens with its images' (what its generation's usage would say)."""
 
     async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
 

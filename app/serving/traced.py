@@ -11,7 +11,7 @@ from typing import Any
 
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, RerankJob, RerankResult
+from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
 from ..observe import tracing
 from .caller import Caller
 from .models import Models
@@ -83,6 +83,9 @@ class TracedModels:
 
     async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
         return await self.inner.tokenize(model_id, text, add_special)
+
+    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
+        return await self.inner.count_prompt(model_id, prompt, images)
 
     async def detokenize(self, model_id: str, tokens: list[int]) -> str:
         return await self.inner.detokenize(model_id, tokens)

@@ -77,6 +77,10 @@ def test_usage_counts_the_image_tokens(vision, bundled_spec):
     assert with_image.started.prompt_tokens == done.prompt_tokens == text_only.prompt_tokens + rows + wrap
     assert done.completion_tokens == 4 and with_image.text
     assert idle(vision)["images_held"] == 0
+    # The counting routes' count (no encoder run) is the generation's, and holds nothing after.
+    assert vision.count_prompt(prompt(bundled_spec), [image((200, 30, 30))]) == done.prompt_tokens
+    assert vision.count_prompt(prompt(bundled_spec, image_first=False), []) == text_only.prompt_tokens
+    assert vision.stats()["images_held"] == 0
 
 
 def test_an_image_decodes_while_a_text_only_request_streams(vision, bundled_spec):

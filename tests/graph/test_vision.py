@@ -82,6 +82,23 @@ def test_an_image_block_through_anthropics_messages(cluster):
     assert names_only(reply, "red"), reply
 
 
+def test_the_counting_routes_count_the_image_as_its_generation_does(client, cluster):
+    messages = anthropic.Anthropic(base_url=cluster.url, api_key=KEY_A, max_retries=0, timeout=120).messages
+    blocks = [{"type": "text", "text": "Here is an image:"},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                           "data": base64.b64encode(png("blue")).decode()}},
+              {"type": "text", "text": "What colour is it?"}]
+    counted = messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": blocks}]).input_tokens
+    made = messages.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": blocks}]).usage
+    assert counted == made.input_tokens + (made.cache_read_input_tokens or 0)
+    parts = [{"type": "input_text", "text": "Here is an image:"},
+             {"type": "input_image", "image_url": data_url(png("blue"))}]
+    counted = client.responses.input_tokens.count(model=MODEL, input=[{"role": "user", "content": parts}]).input_tokens
+    made = client.responses.create(model=MODEL, max_output_tokens=16, store=False,
+                                   input=[{"role": "user", "content": parts}]).usage
+    assert counted == made.input_tokens
+
+
 def test_a_model_without_a_projector_names_the_image_part(http):
     messages = question("red")
     r = http.post("/v1/chat/completions", json={"model": THINK_MODEL, "messages": messages, "max_tokens": 4})
