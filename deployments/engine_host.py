@@ -133,7 +133,7 @@ class EngineHost:
     async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, self.spec.kind, "chat prompts")
+            raise wrong_kind(self.spec.id, _kind(engine), "chat prompts")
         return await asyncio.to_thread(engine.count_prompt, prompt, images)
 
     async def detokenize(self, tokens: list[int]) -> str:

@@ -11,7 +11,7 @@ from ..api.schemas import ChatCompletionRequest
 from ..chat.images import check_images, load_images
 from ..chat.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
 from ..config.settings import Limits, ModelSpec
-from ..prompt.tokens import ModelTokens
+from ..prompt.tokens import ModelTokens, prompt_count
 from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
 from ..serving.lifecycle import off_loop
 from .mapping import to_chat_request
@@ -44,6 +44,4 @@ class MessageTokenCounter:
             raise model_not_found(req.model)
         text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
         images = await load_images(chat, self.limits)
-        if images:  # their positions are the projector's to count, on the model's replica
-            return count_tokens_body(await self.tokens.count_prompt(spec.id, text, images))
-        return count_tokens_body(len(await self.tokens.tokenize(spec.id, text, True)))
+        return count_tokens_body(await prompt_count(self.tokens, spec.id, text, images))

@@ -15,6 +15,7 @@ from ..chat.service import ChatReply, ChatService
 from ..chat.service import usage as chat_usage
 from ..engine.events import Event
 from ..observe.request_records import RequestRecord
+from ..prompt.tokens import prompt_count
 from ..serving.caller import ANONYMOUS, Caller
 from .events import ResponseEvents
 from .mapping import Turn, responses_param, to_turn
@@ -127,11 +128,7 @@ class InputTokensService:
 
     async def complete(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         plan = await self.responses.plan(req, caller)
-        gen = plan.chat.gen
-        if gen.images:  # their positions are the projector's to count, on the model's replica
-            count = await self.tokens.count_prompt(plan.chat.spec.id, gen.prompt, gen.images)
-        else:
-            count = len(await self.tokens.tokenize(plan.chat.spec.id, gen.prompt, True))
+        count = await prompt_count(self.tokens, plan.chat.spec.id, plan.chat.gen.prompt, plan.chat.gen.images)
         return {"object": "response.input_tokens", "input_tokens": count}
 
     def stream(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:

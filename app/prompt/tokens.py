@@ -35,6 +35,14 @@ class ModelTokens(Protocol):
     async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
 
 
+async def prompt_count(tokens: ModelTokens, model_id: str, prompt: str, images: list[ImageInput]) -> int:
+    """A rendered chat prompt's count as its generation's usage gives it: with images, the model's replica
+    counts their positions (its projector's preprocessing); without, its tokenizer alone."""
+    if images:
+        return await tokens.count_prompt(model_id, prompt, images)
+    return len(await tokens.tokenize(model_id, prompt, True))
+
+
 def tokenize_text(req: TokenizeRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> str:
     """What the model tokenizes for this request: the chat prompt as the chat route renders it
     (content marked), or the prompt as the legacy route takes it."""
