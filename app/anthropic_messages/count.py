@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.errors import model_not_found
+from ..api.errors import served_model
 from ..api.schemas import ChatCompletionRequest
 from ..chat.images import check_images, load_images
 from ..chat.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
@@ -39,9 +39,7 @@ class MessageTokenCounter:
         self.limits = limits or Limits()
 
     async def count(self, req: CountTokensRequest) -> dict[str, Any]:
-        spec = self.models.get(req.model)
-        if spec is None:
-            raise model_not_found(req.model)
+        spec = served_model(self.models, req.model, "chat", "/v1/messages/count_tokens")
         text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
         images = await load_images(chat, self.limits)
         return count_tokens_body(await prompt_count(self.tokens, spec.id, text, images))

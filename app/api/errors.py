@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -65,7 +66,7 @@ def model_not_found(model: str) -> APIError:
 
 
 # What each model kind is, and the routes it serves.
-KIND_SERVES = {"chat": ("a chat model", "/v1/chat/completions and /v1/completions"),
+KIND_SERVES = {"chat": ("a chat model", "/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages"),
                "embedding": ("an embedding model", "/v1/embeddings"),
                "rerank": ("a reranker", "/v1/rerank")}
 
@@ -76,6 +77,17 @@ def wrong_kind(model: str, kind: str, route: str) -> APIError:
     what, serves = KIND_SERVES.get(kind, KIND_SERVES["chat"])
     return invalid_request(f"Model `{model}` is {what}: it serves {serves}, not {route}.", param="model",
                            code="unsupported_model")
+
+
+def served_model(models: Mapping[str, Any], model: str, kind: str, route: str) -> Any:
+    """The one check every route makes of `model`: configured (else 404) and of the `kind` the route
+    serves (else a 400 naming what it does serve). `models` maps ids to ModelSpecs."""
+    spec = models.get(model)
+    if spec is None:
+        raise model_not_found(model)
+    if spec.kind != kind:
+        raise wrong_kind(spec.id, spec.kind, route)
+    return spec
 
 
 def not_found(message: str) -> APIError:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..api.embeddings import EmbeddingRequest, inputs
-from ..api.errors import invalid_request, model_not_found, wrong_kind
+from ..api.errors import invalid_request, served_model
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import EmbeddingJob, EmbeddingResult
 from ..observe.request_records import NullObserver, RequestObserver
@@ -48,11 +48,7 @@ class EmbeddingService:
 
     def job(self, req: EmbeddingRequest) -> EmbeddingJob:
         """The request as its model's engine takes it; a 400 for what can be told without the model's tokenizer."""
-        spec = self.models.get(req.model)
-        if spec is None:
-            raise model_not_found(req.model)
-        if spec.kind != "embedding":
-            raise wrong_kind(spec.id, spec.kind, "/v1/embeddings")
+        spec = served_model(self.models, req.model, "embedding", "/v1/embeddings")
         items, single = inputs(req.input, self.limits.max_embedding_inputs)
         if req.dimensions is not None and req.dimensions != spec.n_embd and req.dimensions not in spec.dimensions:
             sizes = ", ".join(map(str, spec.dimensions))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..api.errors import invalid_request, model_not_found
+from ..api.errors import KIND_SERVES, invalid_request, model_not_found
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..chat.plan import (
     chat_prompt,
@@ -71,7 +71,8 @@ class TokenService:
     async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
         spec = self._spec(req.model)
         if req.messages is not None and spec.kind != "chat":
-            raise invalid_request(f"Model `{spec.id}` is an embedding model: it has no chat template to render "
+            what = KIND_SERVES[spec.kind][0]
+            raise invalid_request(f"Model `{spec.id}` is {what}: it has no chat template to render "
                                   f"`messages`; send `prompt`.", param="messages", code="unsupported_model")
         if req.messages is None:
             text = tokenize_text(req, spec, self.formats.get(spec.id), self.limits)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from ..api.errors import invalid_request, model_not_found, wrong_kind
+from ..api.errors import invalid_request, served_model
 from ..api.rerank import RerankRequest, documents
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import RerankJob, RerankResult
@@ -45,11 +45,7 @@ class RerankService:
 
     def job(self, req: RerankRequest) -> RerankJob:
         """The request as its reranker's engine takes it; a 400 for what can be told without the tokenizer."""
-        spec = self.models.get(req.model)
-        if spec is None:
-            raise model_not_found(req.model)
-        if spec.kind != "rerank":
-            raise wrong_kind(spec.id, spec.kind, "/v1/rerank")
+        spec = served_model(self.models, req.model, "rerank", "/v1/rerank")
         if not req.query:
             raise invalid_request("`query` is an empty string.", param="query", code="empty_input")
         texts = documents(req.documents, self.limits.max_rerank_documents)

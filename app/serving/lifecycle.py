@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..api.errors import invalid_request, model_not_found, timeout_error, wrong_kind
+from ..api.errors import invalid_request, served_model, timeout_error
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
@@ -150,12 +150,8 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
     async def plan(self, req: RequestT, caller: Caller = ANONYMOUS) -> PlanT:
         """The request's plan, built off the event loop (template rendering and grammar building are CPU
         work) and within limits.grammar_timeout_s."""
-        spec = self.models.get(req.model)
-        if spec is None:
-            raise model_not_found(req.model)
-        if spec.kind != "chat":
-            raise wrong_kind(spec.id, spec.kind, "/v1/chat/completions" if self.protocol == "chat" else
-                             f"/v1/{self.protocol}")
+        spec = served_model(self.models, req.model, "chat",
+                            "/v1/chat/completions" if self.protocol == "chat" else f"/v1/{self.protocol}")
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
         return await traced("plan", off_loop(self.limits, self.make_plan, req, spec, scope), self.plan_attributes)
 

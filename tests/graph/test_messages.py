@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.support.anthropic_spec import assert_valid, assert_valid_error
-from tests.support.serve_harness import KEY_A, MODEL, REPRODUCIBLE
+from tests.support.serve_harness import EMBED_MODEL, KEY_A, MODEL, RERANK_MODEL, REPRODUCIBLE
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -164,3 +164,23 @@ def test_errors_in_anthropic_shape(sdk, cluster, raw):
     assert r.status_code == 400 and "not an image" in r.json()["error"]["message"], r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert_valid_error(r.json())
+
+
+@pytest.mark.parametrize("model", [EMBED_MODEL, RERANK_MODEL])
+def test_every_chat_route_refuses_a_model_of_another_kind_alike(raw, model):
+    """Counting a prompt for a model that has no chat template is the same 400 as generating with it
+    (it once counted an empty template and answered 200)."""
+    messages = {"model": model, "messages": QUESTION}
+    for path, extra in [("/v1/messages", {"max_tokens": 4}), ("/v1/messages/count_tokens", {}),
+                        ("/v1/chat/completions", {}), ("/v1/responses", {"input": "Hi"}),
+                        ("/v1/responses/input_tokens", {"input": "Hi"})]:
+        req = {**messages, **extra}
+        if path.startswith("/v1/responses"):
+            req.pop("messages")
+        r = raw.post(path, json=req)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error.get("code", "unsupported_model") == "unsupported_model", (path, error)
+        assert f"Model `{model}` is a" in error["message"] and "it serves /v1/" in error["message"], (path, error)
+        if path.startswith("/v1/messages"):
+            assert_valid_error(r.json())
