@@ -4,7 +4,10 @@ OpenAI's chat and legacy completions streams are bare `data:` lines ended by exa
 whatever happened before it (a finished stream, an error event, a producer that stopped without a finish
 chunk), and a keep-alive `TICK` (app/http/keepalive.py) is a `: keep-alive` comment, which SSE clients
 skip. The agent protocols (OpenAI Responses, Anthropic Messages) name each event after its `type` in an
-`event:` line and send no [DONE]; Anthropic's keep-alive is a `ping` event its SDK expects.
+`event:` line and send no [DONE]; Anthropic's keep-alive is a `ping` event its SDK expects, but only
+after `message_start`: Anthropic's stream opens with it and strict clients refuse anything before it, so
+a stream still waiting for its first event (queued behind busy slots) is kept alive by SSE comments,
+which every client skips.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ async def frame_stream(events: AsyncIterable[list[dict[str, Any]] | Tick], on_er
 
     `on_error(exc)` returns the protocol's error event for an exception raised by `events`.
     """
+    opened = False  # the protocol's first event is out: from then on its own keep-alive
     try:
         async for batch in events:
             if isinstance(batch, Tick):
-                yield dialect.keepalive
+                yield dialect.keepalive if opened else KEEPALIVE
             elif batch:
+                opened = True
                 yield b"".join(dialect.encode(chunk) for chunk in batch)
     except Exception as exc:  # noqa: BLE001 - every failure must reach the client as an event
         yield dialect.encode(on_error(exc))

@@ -1,7 +1,8 @@
-"""Streams that wait for a slot, through a real graph: one slot (`n_seq_max: 1`), one long reply
-holding it, a second stream queued behind it. The second gets its headers at once, `: keep-alive`
+"""Streams that wait for a slot, through a real graph in each topology: one slot (`n_seq_max: 1`), one
+long reply holding it, a second stream queued behind it. The second gets its headers at once, `: keep-alive`
 comments while it waits (`limits.stream_keepalive_s: 0.25`), then its reply; the openai SDK skips the
-comments; a client that leaves while queued never reaches the model."""
+comments; an Anthropic stream opens with `message_start` (comments before it, never a `ping`); a client
+that leaves while queued never reaches the model."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from app.config.settings import deployment_name
-from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
+from tests.support.serve_harness import MODEL, POOL, SHAPES, ServeCluster, load_config, sse_json
 
 # A long scenario (a graph of its own with one slot, and streams that wait in its queue): `make test-slow`.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -26,16 +27,19 @@ KEEPALIVE_S = 0.25
 LONG = {"max_tokens": 900, "seed": 1, "grammar": 'root ::= w{200}\nw ::= [a-z]{1,8} " "'}
 
 
-@pytest.fixture(scope="module")
-def kcluster():
-    config = load_config("configs/local-cpu.yaml", "configs/local-graph.yaml", {"applications": [{
+@pytest.fixture(scope="module", params=SHAPES)
+def kcluster(request):
+    shape = request.param
+    overlays = ("configs/local-cpu.yaml",) if shape == "single" else ("configs/local-cpu.yaml", "configs/local-graph.yaml")
+    config = load_config(*overlays, {"applications": [{
         "name": "llamaray",
         "args": {"models": [{"id": MODEL, "n_ctx": 1024, "n_seq_max": 1}],
                  "limits": {"stream_keepalive_s": KEEPALIVE_S}},
         "deployments": [{"name": MODEL_DEPLOYMENT, "max_ongoing_requests": 1,
                          "autoscaling_config": {"target_ongoing_requests": 1}}],
     }]})
-    with ServeCluster(config, num_cpus=2) as c:
+    POOL.release()
+    with ServeCluster(config, num_cpus=2, serve_local=shape == "single") as c:
         yield c
 
 
@@ -45,7 +49,7 @@ def chat(**kw):
 
 
 def stats(cluster):
-    return cluster.handle(MODEL_DEPLOYMENT).stats.remote().result()
+    return cluster.model_stats(MODEL)
 
 
 class Blocker:
@@ -114,6 +118,23 @@ def test_openai_sdk_ignores_keepalive_comments(kcluster):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks)
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_queued_anthropic_stream_opens_with_message_start(kcluster):
+    """Anthropic's stream starts with `message_start`; strict clients refuse a `ping` before it. While
+    queued, the stream is kept alive by comments; pings may come only after it has opened."""
+    body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    with Blocker(kcluster) as blocker, httpx.Client(base_url=kcluster.url, timeout=120) as c, \
+            c.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        frames = [f for f in r.read().decode().split("\n\n") if f.strip()]
+        assert blocker.done_at is not None  # it did wait behind the blocker
+    waited = frames[:next(i for i, f in enumerate(frames) if not f.startswith(":"))]
+    assert len(waited) >= 2 and set(waited) == {": keep-alive"}, frames[:6]
+    events = [f.split("\n")[0] for f in frames[len(waited):] if not f.startswith(":")]
+    assert events[0] == "event: message_start", events[:3]
+    assert events[-1] == "event: message_stop"
+    assert "event: content_block_delta" in events
 
 
 def test_client_leaving_while_queued_never_reaches_the_model(kcluster):

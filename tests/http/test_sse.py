@@ -121,3 +121,24 @@ def test_typed_events_dialect_names_each_event_and_sends_no_done():
     raw = asyncio.run(go())
     assert raw == (b'event: response.created\ndata: {"type":"response.created","n":1}\n\n'
                    b'event: error\ndata: {"type":"error"}\n\n')
+
+
+def test_anthropic_stream_is_kept_alive_by_comments_until_message_start_then_by_pings():
+    """Anthropic's stream opens with message_start: a ping before it is refused by strict clients."""
+    from app.http.keepalive import TICK
+    from app.http.sse import ANTHROPIC_MESSAGES, KEEPALIVE
+
+    async def go():
+        async def src():
+            yield []  # accepted: planning passed, the model not yet reached
+            yield TICK
+            yield TICK
+            yield [{"type": "message_start"}]
+            yield TICK
+            yield [{"type": "message_stop"}]
+        return [p async for p in frame_stream(src(), lambda e: {"type": "error"}, ANTHROPIC_MESSAGES)]
+    parts = asyncio.run(go())
+    assert parts[:2] == [KEEPALIVE, KEEPALIVE]
+    assert parts[2].startswith(b"event: message_start\n")
+    assert parts[3] == ANTHROPIC_MESSAGES.keepalive and parts[3].startswith(b"event: ping\n")
+    assert parts[4].startswith(b"event: message_stop\n")
