@@ -126,8 +126,10 @@ def held_out_ranking(score) -> tuple[float, float]:
     return wins / total, top / len(HELD_OUT)
 
 
-def fit_head(src: Path) -> tuple[dict[str, np.ndarray], tuple[float, float]]:
-    """The rank head's tensors (GGUF names) fitted on FIT, and its held-out (pairwise, top-1) figures."""
+def fit_head(src: Path, *others: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], tuple[float, float],
+                                                                   list[tuple[float, float]]]:
+    """The rank head's tensors (GGUF names) fitted on FIT, its held-out (pairwise, top-1) figures, and those
+    of each head in `others` (e.g. the stored one) on the same features."""
     with tempfile.TemporaryDirectory() as tmp:
         cls_gguf = Path(tmp) / "minilm-cls.gguf"
         minilm_gguf.convert(src, cls_gguf, pooling=POOLING_CLS)
@@ -136,9 +138,11 @@ def fit_head(src: Path) -> tuple[dict[str, np.ndarray], tuple[float, float]]:
             pairs, labels = training_pairs(FIT)
             w, b = fit_logistic(features(pairs), labels)
             measured = held_out_ranking(lambda p: features(p) @ w + b)
+            theirs = [held_out_ranking(lambda p, h=h: features(p) @ h["cls.output.weight"][0] + h["cls.output.bias"][0])
+                      for h in others]
         finally:
             features.close()
-    return head_tensors(w, b), measured
+    return head_tensors(w, b), measured, theirs
 
 
 def stored_head() -> dict[str, np.ndarray] | None:
@@ -170,7 +174,7 @@ def store_head(head: dict[str, np.ndarray], measured: tuple[float, float]) -> No
 def convert(src: Path, out: Path, template: str | None = None) -> None:
     head = stored_head()
     if head is None:
-        head, _ = fit_head(src)
+        head, _, _ = fit_head(src)
     minilm_gguf.convert(src, out, pooling=POOLING_RANK, name="minilm-reranker (test stand-in)", head=head,
                         templates={"rerank": template} if template else None)
 
@@ -183,7 +187,7 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help=f"fit, and store the head in {HEAD_FILE.name}")
     args = parser.parse_args()
     if args.measure or args.fit:
-        head, (pairwise, top1) = fit_head(minilm_gguf.source_dir())
+        head, (pairwise, top1), _ = fit_head(minilm_gguf.source_dir())
         if args.fit:
             store_head(head, (pairwise, top1))
         print(f"held out: answer above a distractor {pairwise:.1%} of pairs; above all of them for {top1:.1%} "
