@@ -301,7 +301,7 @@ class AuthConfig(BaseModel):
 
 
 _HOST_ENTRY = re.compile(r"^(\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$")
-_ORIGIN_ENTRY = re.compile(r"^https?://([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$")
+_ORIGIN_ENTRY = re.compile(r"^https?://([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$", re.IGNORECASE)
 
 
 class TracingConfig(BaseModel):

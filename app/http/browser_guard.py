@@ -36,7 +36,7 @@ ORIGINS_ENV = "LLAMARAY_ALLOWED_ORIGINS"
 ANY = "*"  # an allowed_hosts or allowed_origins entry that turns that check off
 
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]*)(?::(\d{1,5}))?$")
-_ORIGIN = re.compile(r"^(https?)://(\[[0-9a-fA-F:.]+\]|[^/:\[\]]+)(?::(\d{1,5}))?$")
+_ORIGIN = re.compile(r"^(https?)://(\[[0-9a-fA-F:.]+\]|[^/:\[\]]+)(?::(\d{1,5}))?$", re.IGNORECASE)
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 
