@@ -12,8 +12,9 @@ page's own origin is this server. Three checks, as Ollama, Jupyter and Django do
   POST) is refused unless that origin is loopback (`http://localhost:3000`) or configured. Clients that are
   not browsers send none and are not concerned.
 - Content-Type (every JSON body, in server.py's body reader): `application/json` (or `+json`), or none at
-  all as curl's `--data-binary` and raw HTTP clients send; a form or text/plain (what a page can send
-  without a preflight) is a 415.
+  all, as raw HTTP clients send (curl's `-d` sends a form type); a form or text/plain (what a page can send
+  without a preflight) is a 415. A page can send a body with no Content-Type too (a Blob without a type),
+  but then still its Origin, or once rebound its Host, which the checks above refuse.
 
 Allowed origins, and only they, get CORS headers, so a local web app can call the API from the page.
 """

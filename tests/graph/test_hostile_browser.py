@@ -86,7 +86,7 @@ def test_a_loopback_page_and_clients_without_origin_are_served(http):
     r = http.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 200, r.text
     no_cors_headers(r)
-    # JSON with a charset, and a raw body with no Content-Type at all (curl --data-binary), are read.
+    # JSON with a charset, and a raw body with no Content-Type at all (a raw HTTP client), are read.
     r = http.post("/v1/chat/completions", content=CHAT_BYTES, headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200, r.text
     r = http.post("/v1/chat/completions", content=CHAT_BYTES)

@@ -184,7 +184,7 @@ def test_a_form_post_is_a_415(backend):
 @pytest.mark.parametrize("content_type", [None, "application/json", "application/json; charset=utf-8",
                                           "Application/JSON", "application/vnd.api+json"])
 def test_json_bodies_are_read_with_or_without_a_content_type(backend, content_type):
-    # curl --data-binary and raw clients may send none; SDKs and httpx's json= send application/json.
+    # Raw HTTP clients may send none (the suite's own tests do); SDKs and httpx's json= send application/json.
     headers = {"Content-Type": content_type} if content_type else {}
     with client_of(backend) as c:
         r = c.post("/v1/chat/completions", content=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}',
