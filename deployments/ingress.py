@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 from typing import Any
 
 from ray import serve
@@ -19,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
 from app.http.auth import KeyChecker, load_api_keys, require_keys
+from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
 from app.http.server import ServerSettings, build_http_app, model_cards
 from app.observe import tracing
 from app.ops.placement import INGRESS_DEFAULTS
@@ -53,8 +55,12 @@ class _Front:
         self.specs = specs
         self.processing = processing
         self.health = HealthCache(refresh, [s.id for s in specs])
+        # Hosts and origins from the config and, like the keys, from this replica's environment.
+        browser = browser_policy(not keys, entries(auth.allowed_hosts, os.environ.get(HOSTS_ENV)),
+                                 entries(auth.allowed_origins, os.environ.get(ORIGINS_ENV)))
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
-                                       keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s)
+                                       keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s,
+                                       browser=browser)
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self.processing, model_cards(self.specs), self.settings, self.health)

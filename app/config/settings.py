@@ -260,7 +260,8 @@ class Limits(BaseModel):
 
 
 class AuthConfig(BaseModel):
-    """Where API keys come from. Never the keys themselves: this file is not a secret store."""
+    """Who may call: where API keys come from (never the keys themselves: this file is not a secret store),
+    and which Hosts and web-page Origins are answered (app/http/browser_guard.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -271,6 +272,36 @@ class AuthConfig(BaseModel):
         "per_key", description="`per_key`: a prompt reuses cached prefixes (KV, prompt cache, prefix routing) only "
                                "of prompts sent with the same API key, so `cached_tokens` tells no caller what "
                                "another sent; `shared`: all callers share them (more reuse, one trust domain)")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names a server WITHOUT keys answers besides loopback names and IP "
+        "addresses (a defence against DNS rebinding): `name` (any port), `name:port`, `.domain` (it and its "
+        "subdomains), `*` (any); $LLAMARAY_ALLOWED_HOSTS (comma-separated) adds more. Not checked with keys")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="web-page origins (`https://app.example.com`, `http://10.0.0.5:3000`) "
+        "whose requests are answered, with CORS headers, besides loopback ones; `*`: any page; "
+        "$LLAMARAY_ALLOWED_ORIGINS adds more. A request with any other Origin is refused (403)")
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if entry != "*" and not _HOST_ENTRY.match(entry):
+                raise ValueError(f"auth.allowed_hosts entry {entry!r} is not a host: write `name`, `name:port`, "
+                                 "`.domain` or `*`")
+        return v
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if entry != "*" and not _ORIGIN_ENTRY.match(entry):
+                raise ValueError(f"auth.allowed_origins entry {entry!r} is not an origin: write "
+                                 "`scheme://host[:port]` (http or https, no path) or `*`")
+        return v
+
+
+_HOST_ENTRY = re.compile(r"^(\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$")
+_ORIGIN_ENTRY = re.compile(r"^https?://([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?$", re.IGNORECASE)
 
 
 class TracingConfig(BaseModel):

@@ -25,6 +25,7 @@ from ..observe import tracing
 from ..anthropic_messages.errors import anthropic_error_body
 from ..anthropic_messages.schemas import CountTokensRequest, parse_count_tokens_request, parse_messages_request
 from .auth import KeyChecker
+from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware, BrowserPolicy, check_json_content_type
 from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
@@ -52,6 +53,7 @@ class ServerSettings:
     max_messages: int = 1024
     keys: KeyChecker = KeyChecker(())
     stream_keepalive_s: float = 15.0  # 0: no keep-alive comments, headers wait for the model
+    browser: BrowserPolicy = BrowserPolicy()  # the Hosts and Origins answered (app/http/browser_guard.py)
 
 
 # How long an accepted stream waits for the model before its headers go out: errors the model finds
@@ -151,6 +153,8 @@ def _structure_problem(value: Any, limit: int) -> str | None:
 
 
 async def _read_json(request: Request, limit: int) -> Any:
+    # Before reading: a form or text/plain body is what a web page can send without a preflight.
+    check_json_content_type(request.headers.get("content-type"))
     raw = await _read_body(request, limit)
     try:
         # NaN/Infinity are not JSON, whatever Python's parser accepts by default.
@@ -349,6 +353,10 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape)
 
 
+def _refusal(error: APIError, scope: Any) -> Response:
+    return error_response(error, error_shape_of(route_path(scope)))
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
@@ -378,6 +386,9 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
         Route("/openapi.json", api.openapi, methods=["GET"]),
     ]
     middleware = [Middleware(TraceMiddleware, tracer=tracing.current())] if tracing.current().enabled else []
+    # Host and Origin first, then CORS for allowed origins (a preflight carries no key), then the key.
+    middleware += [Middleware(BrowserGuardMiddleware, policy=settings.browser, refuse=_refusal),
+                   Middleware(AllowedOriginsCORS, policy=settings.browser)]
     if settings.keys.enabled:
         middleware.append(Middleware(APIKeyMiddleware, keys=settings.keys))
     return Starlette(

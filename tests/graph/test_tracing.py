@@ -34,9 +34,10 @@ def traced(request):
         config = load_config(*overlays, {"applications": [{"name": APP, "args": {
             "models": [{"id": MODEL, "n_ctx": 1024}],
             "tracing": {"endpoint": collector.url, "service_name": SERVICE}}}]})
-        # The replicas inherit this environment: their span batches leave every 0.2 s instead of 5 s.
+        # The replicas inherit this environment: their span batches leave every 0.2 s instead of 5 s; a
+        # host name this keyless server answers besides loopback ones (test_a_keyless_server_...).
         with ServeCluster(config, num_cpus=2, serve_local=topology == "single", metrics_port=free_port(),
-                          env={"OTEL_BSP_SCHEDULE_DELAY": "200"}) as cluster:
+                          env={"OTEL_BSP_SCHEDULE_DELAY": "200", "LLAMARAY_ALLOWED_HOSTS": "llm.test"}) as cluster:
             yield topology, cluster, collector
 
 
@@ -139,3 +140,24 @@ def test_model_metrics_under_vllm_names(traced):
     requests = [ln for ln in text.splitlines() if ln.startswith("ray_llamaray_requests_total{")]
     assert any(re.search(r'protocol="completions".*status="ok"|status="ok".*protocol="completions"', ln)
                for ln in requests), requests
+
+
+def test_a_keyless_server_answers_no_rebound_host_name(traced):
+    """A keyless server (as `make run` serves one) and a page whose name now resolves to 127.0.0.1 (DNS
+    rebinding): its requests carry the page's Host and reach no route (tests/graph/test_hostile_browser.py
+    has what applies with keys too; app/http/browser_guard.py says why)."""
+    _, cluster, _ = traced
+    assert cluster.headers == {}  # no keys
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for host in ("evil.example", f"evil.example:{cluster.port}", f"localhost.evil.example:{cluster.port}"):
+        r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, headers={"Host": host}, timeout=60)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed", (host, r.text)
+        r = httpx.get(f"{cluster.url}/v1/models", headers={"Host": host}, timeout=60)
+        assert r.status_code == 403, (host, r.text)
+    r = httpx.post(f"{cluster.url}/v1/chat/completions", json=body, timeout=60,
+                   headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", r.text
+    # Loopback names, addresses and the configured name ($LLAMARAY_ALLOWED_HOSTS in the replica) are served.
+    for host in (f"localhost:{cluster.port}", f"[::1]:{cluster.port}", f"127.0.0.1:{cluster.port}", "llm.test"):
+        r = httpx.get(f"{cluster.url}/v1/models", headers={"Host": host}, timeout=60)
+        assert r.status_code == 200, (host, r.text)
