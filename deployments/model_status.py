@@ -24,7 +24,8 @@ def _prefix(app: str, deployment: str) -> str:
 def publish(app: str, deployment: str, replica_id: str, state: ModelState) -> None:
     try:
         _internal_kv_put(_prefix(app, deployment) + replica_id,
-                         strict_json.dumps({"state": state.state, "reason": state.reason}, compact=False, ensure_ascii=True), overwrite=True,
+                         strict_json.dumps({"state": state.state, "reason": state.reason},
+                                           compact=False, ensure_ascii=True), overwrite=True,
                          namespace=NAMESPACE)
     except Exception as exc:  # noqa: BLE001 - /health then reads the replica as loading; serving goes on
         log.warning("llamaray: could not publish the model state: %s", exc)

@@ -38,7 +38,8 @@ def join_path(path: str, *segments: str | int) -> str:
         if isinstance(seg, int):
             path += f"[{seg}]"
         else:
-            text = seg if re.fullmatch(r"[A-Za-z0-9_$-]{1,40}", seg) else strict_json.dumps(seg[:40], ensure_ascii=True)
+            text = seg if re.fullmatch(r"[A-Za-z0-9_$-]{1,40}", seg) else \
+                strict_json.dumps(seg[:40], ensure_ascii=True)
             path = f"{path}.{text}" if path else text
     return path
 

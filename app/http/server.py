@@ -24,6 +24,7 @@ from ..observe import tracing
 from ..anthropic_messages.errors import anthropic_error_body
 from ..anthropic_messages.schemas import CountTokensRequest, parse_count_tokens_request, parse_messages_request
 from .auth import KeyChecker
+from ..api import strict_json
 from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
@@ -31,7 +32,6 @@ from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
 from ..api.embeddings import EmbeddingRequest
 from ..api.rerank import RerankRequest
-from ..api import strict_json
 from ..api.openapi import openapi_document
 from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,

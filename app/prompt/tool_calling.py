@@ -75,8 +75,9 @@ def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[st
         params = fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
         where = f"tools[{i}].function.parameters"
         if params.get("type", "object") != "object":
+            got = strict_json.dumps(params.get("type"), ensure_ascii=True)
             raise invalid_request(f"Invalid schema for function `{fn.name}`: its parameters must be a JSON Schema "
-                                  f"of type `object`, got type {strict_json.dumps(params.get('type'), ensure_ascii=True)}.", param=where,
+                                  f"of type `object`, got type {got}.", param=where,
                                   code="invalid_function_parameters")
         if fn.name in tools:
             raise invalid_request(f"Duplicate function name `{fn.name}`.", param=f"tools[{i}].function.name")
