@@ -6,11 +6,11 @@ running, so a dead replica's key is ignored until it is overwritten or deleted."
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_list, _internal_kv_get, _internal_kv_put
 
+from app.api import strict_json
 from app.serving.models import ModelState
 
 log = logging.getLogger("ray.serve")
@@ -24,7 +24,8 @@ def _prefix(app: str, deployment: str) -> str:
 def publish(app: str, deployment: str, replica_id: str, state: ModelState) -> None:
     try:
         _internal_kv_put(_prefix(app, deployment) + replica_id,
-                         json.dumps({"state": state.state, "reason": state.reason}), overwrite=True,
+                         strict_json.dumps({"state": state.state, "reason": state.reason},
+                                           compact=False, ensure_ascii=True), overwrite=True,
                          namespace=NAMESPACE)
     except Exception as exc:  # noqa: BLE001 - /health then reads the replica as loading; serving goes on
         log.warning("llamaray: could not publish the model state: %s", exc)
@@ -45,6 +46,6 @@ def read(app: str, deployment: str) -> dict[str, ModelState]:
         key = key.decode() if isinstance(key, bytes) else key
         raw = _internal_kv_get(key, namespace=NAMESPACE)
         if raw:
-            value = json.loads(raw)
+            value = strict_json.loads(raw)
             out[key[len(prefix):]] = ModelState(value["state"], value.get("reason"))
     return out

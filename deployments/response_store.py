@@ -49,8 +49,10 @@ STORE_ACTOR = "response_store"
 class ResponseStoreActor:
     """A BoundedResponseStore behind Ray calls: entries in and out as their JSON encoding."""
 
-    def __init__(self, max_entries: int, max_bytes: int, ttl_s: float) -> None:
-        self.store = BoundedResponseStore(max_entries, max_bytes, ttl_s)
+    def __init__(self, max_entries: int, max_bytes: int, ttl_s: float, key_entries: int | None = None,
+                 key_bytes: int | None = None) -> None:
+        self.store = BoundedResponseStore(max_entries, max_bytes, ttl_s, key_entries=key_entries,
+                                          key_bytes=key_bytes)
 
     def put(self, owner: str | None, response_id: str, blob: bytes) -> bool:
         return self.store.put_blob(owner, response_id, blob)
@@ -77,7 +79,9 @@ def response_store_actors(limits: Limits) -> list[DeploymentActorConfig]:
     return [DeploymentActorConfig(name=STORE_ACTOR, actor_class=ResponseStoreActor, actor_options={"num_cpus": 0},
                                   init_kwargs={"max_entries": limits.response_store_entries,
                                                "max_bytes": limits.response_store_bytes,
-                                               "ttl_s": limits.response_store_ttl_s})]
+                                               "ttl_s": limits.response_store_ttl_s,
+                                               "key_entries": limits.response_store_key_entries,
+                                               "key_bytes": limits.response_store_key_bytes})]
 
 
 def _deployment_store() -> Any:

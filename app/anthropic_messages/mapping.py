@@ -8,12 +8,12 @@ turn's `thinking` becomes its `reasoning_content`, its `tool_use` blocks its `to
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from ..api import strict_json
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, validation_error as chat_validation_error
 from .schemas import (
@@ -164,7 +164,7 @@ def _assistant_turn(message: InputMessage, i: int) -> dict[str, Any]:
             thinking.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             calls.append({"id": block.id, "type": "function",
-                          "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+                          "function": {"name": block.name, "arguments": strict_json.dumps(block.input, compact=False)}})
         elif not isinstance(block, RedactedThinkingBlock):
             raise _wrong_role(block.type, "assistant", f"messages.{i}.content.{j}")
     out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..api import strict_json
+
 
 @dataclass(frozen=True)
 class Totals:
@@ -72,7 +74,7 @@ def tool_use_block(call_id: str, name: str, input: dict[str, Any]) -> dict[str, 
 def tool_input(arguments: str) -> dict[str, Any]:
     """A call's arguments as its `input` object; arguments a length cut left unparsable are `{}`."""
     try:
-        value = json.loads(arguments) if arguments else {}
+        value = strict_json.loads(arguments) if arguments else {}
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}

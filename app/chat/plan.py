@@ -3,11 +3,11 @@ limits) and how to read the reply. Pure: no I/O, no event loop; ChatService runs
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..api import strict_json
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
@@ -154,7 +154,8 @@ def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
     if len(req.tools) > limits.max_tools:
         raise invalid_request(f"Too many tools: {len(req.tools)} (at most {limits.max_tools}, limits.max_tools).",
                               param="tools", code="too_many_tools")
-    size = len(json.dumps([t.model_dump(exclude_none=True) for t in req.tools]))
+    size = len(strict_json.dumps([t.model_dump(exclude_none=True) for t in req.tools], compact=False,
+                                  ensure_ascii=True))
     if size > limits.max_tools_bytes:
         raise invalid_request(f"`tools` is {size} bytes as JSON; at most {limits.max_tools_bytes} are accepted "
                               f"(limits.max_tools_bytes).", param="tools", code="tools_too_large")

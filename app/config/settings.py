@@ -257,6 +257,12 @@ class Limits(BaseModel):
                                       "take as compact JSON; a response larger than this is returned but not kept")
     response_store_ttl_s: float = Field(24 * 3600.0, gt=0, description="seconds a stored response is kept after "
                                         "it was written")
+    # Each key's share, so that one key writing big responses (its `text.format` schema, its tools) evicts
+    # its own entries, not everyone's: a quarter of the store by default.
+    response_store_key_entries: int = Field(2_500, ge=1, description="most responses one API key keeps stored; "
+                                            "past it, that key's least recently used go")
+    response_store_key_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="most bytes one API key's stored "
+                                          "responses take; a larger response is returned but not kept")
 
 
 class AuthConfig(BaseModel):

@@ -8,13 +8,14 @@ No llama_cpp import at module level: the self-check's parent reads these facts w
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from ..api import strict_json
 
 BUILD_RECORD = Path(sys.prefix) / "llamaray-build.json"
 AMX_CPU_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
@@ -50,7 +51,7 @@ def cpu_has_amx(flags: frozenset[str] | None = None) -> bool:
 def build_record() -> dict[str, Any] | None:
     """How tools/llama_build.py built the installed llama-cpp-python, or None (installed otherwise)."""
     try:
-        return json.loads(BUILD_RECORD.read_text())
+        return strict_json.loads(BUILD_RECORD.read_text())
     except (OSError, ValueError):
         return None
 

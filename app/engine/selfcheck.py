@@ -10,7 +10,6 @@ in its log and in /health.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..api import strict_json
 from ..config.settings import ModelSpec, place
 from . import hardware
 
@@ -51,20 +51,20 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_APP_ROOT, os.environ.get("PYTHONPATH")]))}
     command = command or [sys.executable, "-m", "app.engine.selfcheck"]
     try:
-        proc = subprocess.run(command, input=json.dumps(_child_params(spec)),
+        proc = subprocess.run(command, input=strict_json.dumps(_child_params(spec), ensure_ascii=True),
                               capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise EngineUnavailable(f"model {spec.id!r}: llama.cpp did not load and decode once within {timeout_s:.0f} s "
                                 f"in the startup self-check. {hardware.describe()}") from None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
+        return strict_json.loads(lines[-1])
     how = (f"killed by {_signal_name(proc.returncode)}" if proc.returncode < 0
            else f"exit status {proc.returncode}")
     info = backend = None
     for line in lines:  # the child prints llama.cpp's system info before it loads anything
         if line.startswith("{") and '"system_info"' in line:
-            first = json.loads(line)
+            first = strict_json.loads(line)
             info, backend = first.get("system_info"), first.get("cpu_backend")
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
     hints = hardware.crash_hints(info)
@@ -100,11 +100,12 @@ def start_engine(spec: ModelSpec) -> Any:
 def _child() -> None:
     from .llama import Batch, LlamaModelContext, embed_batch, greedy_token
 
-    params = json.loads(sys.stdin.read())
+    params = strict_json.loads(sys.stdin.read())
     info = hardware.system_info()
     backend = hardware.cpu_backend()
     extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
-    print(json.dumps({"system_info": info, "cpu_backend": backend}), flush=True)  # survives a crash below
+    # survives a crash below
+    print(strict_json.dumps({"system_info": info, "cpu_backend": backend}, ensure_ascii=True), flush=True)
     llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                            n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
                            n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
@@ -124,8 +125,8 @@ def _child() -> None:
             token = greedy_token(llama, llama.tokenize("Hello"))
     finally:
         llama.close()
-    print(json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,
-                      "token": token}), flush=True)
+    print(strict_json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,
+                             "token": token}, ensure_ascii=True), flush=True)
 
 
 if __name__ == "__main__":

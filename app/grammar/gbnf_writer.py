@@ -3,10 +3,11 @@ code points a JSON string may write."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from typing import Any
+
+from ..api import strict_json
 
 # code points a JSON string may hold raw: no controls, DEL, quote, backslash or surrogates
 RAW = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, 0x10FFFF))
@@ -56,11 +57,11 @@ def gbnf_class(ranges: Ranges) -> str:
 
 def json_text(value: Any) -> str:
     """Compact JSON for a const/enum value, UTF-8 safe (lone surrogates as escapes)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = strict_json.dumps(value)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+        text = strict_json.dumps(value, ensure_ascii=True)
     return text
 
 

@@ -3,12 +3,12 @@ checked (types, counts within the limits, enum and const values measured before 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
 from typing import Any
 
+from ..api import strict_json
 from .json_values import map_leaves
 from .schema_budget import RuleBudget, SchemaError, where
 
@@ -38,7 +38,8 @@ def join_path(path: str, *segments: str | int) -> str:
         if isinstance(seg, int):
             path += f"[{seg}]"
         else:
-            text = seg if re.fullmatch(r"[A-Za-z0-9_$-]{1,40}", seg) else json.dumps(seg[:40])
+            text = seg if re.fullmatch(r"[A-Za-z0-9_$-]{1,40}", seg) else \
+                strict_json.dumps(seg[:40], ensure_ascii=True)
             path = f"{path}.{text}" if path else text
     return path
 
@@ -65,7 +66,7 @@ def type_fits(value: Any, types: Iterable[str]) -> bool:
 def canonical(value: Any) -> str:
     """Equal JSON values (1 and 1.0, reordered keys) give equal keys."""
     whole = map_leaves(value, lambda v: int(v) if is_number(v) and float(v).is_integer() else v)
-    return json.dumps(whole, sort_keys=True)
+    return strict_json.dumps(whole, compact=False, ensure_ascii=True, sort_keys=True)
 
 
 def is_any(schema: Any) -> bool:

@@ -7,7 +7,6 @@ prompt and reply work.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..observe import tracing
@@ -26,9 +25,11 @@ from ..anthropic_messages.errors import anthropic_error_body
 from ..anthropic_messages.schemas import CountTokensRequest, parse_count_tokens_request, parse_messages_request
 from .auth import KeyChecker
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware, BrowserPolicy, check_json_content_type
+from ..api import strict_json
 from ..api.errors import (
     APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
 )
+from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
 from ..api.embeddings import EmbeddingRequest
 from ..api.rerank import RerankRequest
@@ -86,11 +87,11 @@ ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
 """A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
 
 
-def error_response(exc: BaseException, shape: ErrorShape = error_body) -> JSONResponse:
+def error_response(exc: BaseException, shape: ErrorShape = error_body) -> JSONBody:
     status, body = shape(exc)
     log_server_error(exc)
     api = as_api_error(exc)
-    return JSONResponse(body, status_code=status, headers=api.headers if api else None)
+    return JSONBody(body, status_code=status, headers=api.headers if api else None)
 
 
 def error_event(exc: BaseException, shape: ErrorShape = error_body) -> dict[str, Any]:
@@ -127,10 +128,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
 MAX_JSON_DEPTH = 64
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _structure_problem(value: Any, limit: int) -> str | None:
     """What makes a parsed body unusable, checked in one pass: nesting past `limit`, or a string
     holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is not text and cannot be encoded."""
@@ -157,10 +154,13 @@ async def _read_json(request: Request, limit: int) -> Any:
     check_json_content_type(request.headers.get("content-type"))
     raw = await _read_body(request, limit)
     try:
-        # NaN/Infinity are not JSON, whatever Python's parser accepts by default.
-        value = json.loads(raw, parse_constant=_reject_constant)
+        # Finite numbers only: NaN, Infinity and 1e999 (read as inf) could not be written back as JSON.
+        value = strict_json.loads(raw)
     except RecursionError:
         raise invalid_request(f"The JSON body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
+    except strict_json.NonFiniteNumber as exc:
+        raise invalid_request(f"We could not parse the JSON body of your request: {exc}. JSON numbers must be "
+                              "finite.", code="non_finite_number") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_request(
             f"We could not parse the JSON body of your request: {exc}. "
@@ -208,7 +208,7 @@ class Endpoints:
     async def responses_input_tokens(self, request: Request) -> Response:
         try:
             req = self._checked(parse_input_tokens_request(await _read_json(request, self.settings.max_body_bytes)))
-            return JSONResponse(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
     async def messages(self, request: Request) -> Response:
@@ -229,7 +229,7 @@ class Endpoints:
             req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
-                return JSONResponse(await self.processing.respond(req, caller))
+                return JSONBody(await self.processing.respond(req, caller))
             events, first = await self._open_stream(self.processing.stream(req, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, shape)
@@ -256,11 +256,11 @@ class Endpoints:
         try:
             response_id, caller = request.path_params["response_id"], caller_of(request) or ANONYMOUS
             if request.method == "DELETE":
-                return JSONResponse(await self.processing.delete_response(response_id, caller))
+                return JSONBody(await self.processing.delete_response(response_id, caller))
             if request.query_params.get("stream", "false").lower() not in ("false", "0"):
                 raise invalid_request("Streaming a stored response is not supported: retrieve it without `stream`.",
                                       param="stream")
-            return JSONResponse(await self.processing.stored_response(response_id, caller))
+            return JSONBody(await self.processing.stored_response(response_id, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
             return error_response(exc)
 
@@ -270,7 +270,7 @@ class Endpoints:
         try:
             body = await _read_json(request, self.settings.max_body_bytes)
             req = self._checked(parse(body) if parse else parse_request(model, body))
-            return JSONResponse(await handle(req, caller_of(request) or ANONYMOUS))
+            return JSONBody(await handle(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, shape)
 
@@ -303,22 +303,22 @@ class Endpoints:
         return req
 
     async def list_models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
+        return JSONBody({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
 
     async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
         if model_id not in self.cards:
             return error_response(model_not_found(model_id))
-        return JSONResponse(self.cards[model_id].to_dict())
+        return JSONBody(self.cards[model_id].to_dict())
 
     async def health(self, request: Request) -> Response:
         states = await self.health_cache.get()
         detailed = not self.settings.keys.enabled or caller_of(request) is not None
         status, body = health_body(states, list(self.cards), detailed)
-        return JSONResponse(body, status_code=status)
+        return JSONBody(body, status_code=status)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(self.spec)
+        return JSONBody(self.spec)
 
 
 def _all_ready(models: list[ModelCard]):

@@ -12,11 +12,11 @@ which every client skips.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..api import strict_json
 from .keepalive import Tick
 
 DONE = b"data: [DONE]\n\n"
@@ -25,7 +25,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 
 
 def encode_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + strict_json.dumps_bytes(payload) + b"\n\n"
 
 
 def encode_named_event(payload: dict[str, Any]) -> bytes:

@@ -150,12 +150,19 @@ class NamedFunction(_Strict):
     name: str
 
 
+# Echoed in every response and kept in the store, but never part of the prompt, so only these bound them
+# (what reaches the prompt, `instructions` and `input`, is bounded by the model's context).
+MAX_FORMAT_NAME_CHARS = 64          # OpenAI's, with its alphabet
+MAX_FORMAT_DESCRIPTION_CHARS = 4096
+MAX_USER_CHARS = 256                # OpenAI's `safety_identifier`, which replaces `user`, takes 64
+
+
 class TextFormat(_Item):
     type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
+    name: str | None = Field(default=None, max_length=MAX_FORMAT_NAME_CHARS, pattern=r"^[A-Za-z0-9_-]+$")
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
-    description: str | None = None
+    description: str | None = Field(default=None, max_length=MAX_FORMAT_DESCRIPTION_CHARS)
 
     @model_validator(mode="after")
     def _schema(self) -> TextFormat:
@@ -220,7 +227,7 @@ class ResponsesRequest(_Strict):
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     metadata: dict[str, str] | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
     store: bool | None = True
     stream: bool | None = False
     stream_options: StreamOptions | None = None

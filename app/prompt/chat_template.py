@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..api import strict_json
 from . import content_marks
 from ..api.errors import APIError, invalid_request
 from ..engine.params import IMAGE_MARKER
@@ -34,7 +35,7 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
     # HF's tojson keeps non-ASCII as-is; Jinja's built-in would HTML-escape.
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+    return strict_json.dumps(value, compact=False, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -115,7 +116,7 @@ def template_messages(messages: list[dict[str, Any]], mark: bool | content_marks
 def _template_call(call: dict[str, Any], marker: content_marks.Marker) -> dict[str, Any]:
     fn = call["function"]
     try:
-        args: Any = json.loads(fn["arguments"]) if fn.get("arguments") else {}
+        args: Any = strict_json.loads(fn["arguments"]) if fn.get("arguments") else {}
     except json.JSONDecodeError:
         args = fn["arguments"]
     call_id = call.get("id")

@@ -22,6 +22,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
+from ..api import strict_json
 from ..api.errors import APIError, invalid_request
 from . import content_marks
 from .chat_template import render_prompt
@@ -139,10 +140,10 @@ class _Neutral:
 
     def _arguments(self, text: str, scope: str) -> str:
         try:
-            value = json.loads(text)
+            value = strict_json.loads(text)
         except json.JSONDecodeError:
             return self._text(text, scope)
-        return json.dumps(self._walk(value, scope), ensure_ascii=False)
+        return strict_json.dumps(self._walk(value, scope), compact=False)
 
     def _id(self, s: str, scope: str) -> str:
         # Letters and digits replaced by digits, separators kept: the same length and shape (templates

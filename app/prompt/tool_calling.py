@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_template import content_text
+from ..api import strict_json
 from ..api.errors import invalid_request
 from ..grammar.request_grammars import GrammarLimits, SchemaError, literal, schema_rules, tool_call_schema
 from ..parsers import (
@@ -74,8 +75,9 @@ def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[st
         params = fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
         where = f"tools[{i}].function.parameters"
         if params.get("type", "object") != "object":
+            got = strict_json.dumps(params.get("type"), ensure_ascii=True)
             raise invalid_request(f"Invalid schema for function `{fn.name}`: its parameters must be a JSON Schema "
-                                  f"of type `object`, got type {json.dumps(params.get('type'))}.", param=where,
+                                  f"of type `object`, got type {got}.", param=where,
                                   code="invalid_function_parameters")
         if fn.name in tools:
             raise invalid_request(f"Duplicate function name `{fn.name}`.", param=f"tools[{i}].function.name")
@@ -135,9 +137,9 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(
-                "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
-                                               "arguments": _json_or_text(c["function"]["arguments"])},
-                                              ensure_ascii=False) + "\n</tool_call>"
+                "<tool_call>\n" + strict_json.dumps({"name": c["function"]["name"],
+                                                      "arguments": _json_or_text(c["function"]["arguments"])},
+                                                     compact=False) + "\n</tool_call>"
                 for c in m["tool_calls"])
             text = content_text(m.get("content"))
             out.append({"role": "assistant", "content": (text + "\n" if text else "") + calls})
@@ -146,7 +148,7 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
         else:
             out.append(m)
     if tools:
-        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        listing = "\n".join(strict_json.dumps(t, compact=False) for t in tools)
         system = (
             "You can call functions. To call one, reply with a JSON object inside <tool_call></tool_call> tags:\n"
             '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>\n'
@@ -161,6 +163,6 @@ def _fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any
 
 def _json_or_text(s: str) -> Any:
     try:
-        return json.loads(s)
+        return strict_json.loads(s)
     except (json.JSONDecodeError, TypeError):
         return s

@@ -77,8 +77,10 @@ def test_a_store_being_recreated_is_a_503():
 
 
 def test_the_store_actor_follows_the_limits():
-    limits = Limits(response_store_entries=5, response_store_bytes=4096, response_store_ttl_s=30)
+    limits = Limits(response_store_entries=5, response_store_bytes=4096, response_store_ttl_s=30,
+                    response_store_key_entries=3, response_store_key_bytes=2048)
     [config] = response_store_actors(limits)
     assert config.name == STORE_ACTOR and config.actor_options == {"num_cpus": 0}
-    assert config.init_kwargs == {"max_entries": 5, "max_bytes": 4096, "ttl_s": 30.0}
+    assert config.init_kwargs == {"max_entries": 5, "max_bytes": 4096, "ttl_s": 30.0, "key_entries": 3,
+                                  "key_bytes": 2048}
     assert response_store_actors(Limits(response_store_entries=0)) == []

@@ -70,3 +70,30 @@ def test_input_tokens_route():
     assert processing.requests[0].instructions == "x"
     r = http.post("/v1/responses/input_tokens", json={"model": "m", "input": "hi", "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
+def test_echoed_fields_that_never_reach_the_prompt_are_bounded():
+    """`user`, `metadata` and `text.format`'s name and description are echoed and stored, never part of the
+    prompt: bounded as OpenAI bounds them (metadata, the format's name) or by a length of ours."""
+    http, processing = client()
+    schema = {"type": "string"}
+    for fields, param in (({"user": "u" * 257}, "user"),
+                          ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+                          ({"metadata": {"k" * 65: "v"}}, "metadata"),
+                          ({"metadata": {"k": "v" * 513}}, "metadata"),
+                          ({"text": {"format": {"type": "json_schema", "name": "n" * 65, "schema": schema}}},
+                           "text.format.name"),
+                          ({"text": {"format": {"type": "json_schema", "name": "a b", "schema": schema}}},
+                           "text.format.name"),
+                          ({"text": {"format": {"type": "json_schema", "name": "n", "schema": schema,
+                                                "description": "d" * 4097}}}, "text.format.description")):
+        r = http.post("/v1/responses", json={"model": "m", "input": "hi", **fields})
+        assert r.status_code == 400, (param, r.text)
+        assert r.json()["error"]["param"] == param, r.json()
+    assert processing.requests == []
+    at_bounds = {"user": "u" * 256, "metadata": {f"k{i:062d}": "v" * 512 for i in range(16)},
+                 "text": {"format": {"type": "json_schema", "name": "N_-9" * 16, "schema": schema,
+                                     "description": "d" * 4096}}}
+    # The same request schema, answered by this fake processing.
+    r = http.post("/v1/responses/input_tokens", json={"model": "m", "input": "hi", **at_bounds})
+    assert r.status_code == 200, r.text

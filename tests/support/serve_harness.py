@@ -209,7 +209,8 @@ def standard_config(shape: str) -> dict[str, Any]:
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
     itself) with replies read by the `think` reasoning parser; an embedding model, all-MiniLM-L6-v2; and a
     reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
-    projector (tools/colour_mmproj.py); the second takes none."""
+    projector (tools/colour_mmproj.py); the second takes none. Its response store is small (8 MiB, 2 MiB a
+    key)."""
     from tests.support.embedder import embedder_gguf, reranker_gguf
     from tools.colour_mmproj import cached_gguf as colour_mmproj
 
@@ -227,7 +228,10 @@ def standard_config(shape: str) -> dict[str, Any]:
              "n_gpu_layers": 0, "dimensions": [128, 256]},
             {"id": RERANK_MODEL, "kind": "rerank", "model_path": reranker_gguf(), "n_seq_max": 16, "n_threads": 1,
              "n_gpu_layers": 0},
-        ], "auth": {"required": True}},
+        ], "auth": {"required": True},
+        # A small response store, so that a few big responses show one key's writes evicting only its own
+        # (tests/graph/test_hostile_json_store.py); other tests store a few KB at a time.
+        "limits": {"response_store_bytes": 8 * 1024 * 1024, "response_store_key_bytes": 2 * 1024 * 1024}},
     }]})
 
 

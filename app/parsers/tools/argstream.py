@@ -13,9 +13,9 @@ until the region closes and are judged whole, as before streaming.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from ...api import strict_json
 from ..partial import JsonEndScanner
 
 _WS = " \t\n\r"
@@ -152,7 +152,7 @@ def _header(text: str, i: int, end: int) -> tuple[str, int] | bool | None:
         if j < 0:
             return None
         try:
-            name = json.loads(text[i:j])
+            name = strict_json.loads(text[i:j])
         except ValueError:
             return False
         i = j

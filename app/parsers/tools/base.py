@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from ...api import strict_json
 from ..deltas import CallDelta, Delta, ToolCall, ToolDelta, new_call_id
 from ..partial import EdgeTrim, JsonEndScanner, StreamMachine, partial_prefix_len
 from .argstream import ArgStream
@@ -54,7 +55,7 @@ def calls_from_json(text: str, *, require_args: bool = False) -> list[Call] | No
     mean ``{}`` unless ``require_args``.
     """
     try:
-        obj = json.loads(text)
+        obj = strict_json.loads(text)
     except ValueError:
         return None
     start = _ws(text, 0)
@@ -77,7 +78,7 @@ def _call(text: str, obj: Any, at: int, require_args: bool) -> Call | None:
     args = obj[key]
     if isinstance(args, str):
         try:
-            inner = json.loads(args)
+            inner = strict_json.loads(args)
         except ValueError:
             return None
         return (name, args.strip()) if isinstance(inner, dict) else None

@@ -9,9 +9,9 @@ is content.
 """
 from __future__ import annotations
 
-import json
 import re
 
+from ...api import strict_json
 from .base import Call, ToolParser, calls_from_json
 
 MARK = "[TOOL_CALLS]"
@@ -56,7 +56,7 @@ class MistralToolParser(ToolParser):
         if not closed:
             return end, None
         try:
-            args = json.loads(buf[pos:end])
+            args = strict_json.loads(buf[pos:end])
         except ValueError:
             return end, None
         return end, [(m.group(), buf[pos:end])] if isinstance(args, dict) else None

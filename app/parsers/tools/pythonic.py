@@ -11,9 +11,9 @@ Text after the list is content.
 from __future__ import annotations
 
 import ast
-import json
 import re
 
+from ...api import strict_json
 from .base import Call, ToolParser
 
 _HEAD = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -55,7 +55,7 @@ def parse_pythonic(text: str) -> list[Call] | None:
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 return None
         try:
-            calls.append((name, json.dumps(args, ensure_ascii=False)))
+            calls.append((name, strict_json.dumps(args, compact=False)))
         except (TypeError, ValueError):  # sets, bytes, complex: not JSON
             return None
     return calls
