@@ -495,8 +495,9 @@ def _remote_metadata(cfg: ModelConfig, source: ModelSource, root: Path) -> tuple
     except QuantError as exc:
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r}: {exc}") from None
     except (FetchError, GGUFError) as exc:
-        if not cfg.chat_template or source.filename is None:
-            needs = ("name the file (hf://<org>/<repo>/<file.gguf>) and set `chat_template`" if source.filename is None
+        by_tag = source.kind == "hf" and source.filename is None  # which file the tag picks is in the listing
+        if not cfg.chat_template or by_tag:
+            needs = ("name the file (hf://<org>/<repo>/<file.gguf>) and set `chat_template`" if by_tag
                      else "set `chat_template` in its config")
             raise ConfigError(f"model {cfg.id!r}: cannot read the GGUF header of {cfg.model_path!r}: {exc}; to "
                               f"deploy without reading it, {needs}") from None

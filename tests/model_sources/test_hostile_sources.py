@@ -199,6 +199,14 @@ def test_credentials_are_hidden_in_config_errors(tmp_path, monkeypatch):
     assert SECRET not in str(err.value) and USER not in str(err.value) and "http://***@127.0.0.1:9/m.gguf" in str(err.value)
 
 
+def test_an_unreachable_url_with_a_chat_template_builds_from_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMARAY_MODEL_CACHE", str(tmp_path))
+    spec = resolve_model(ModelConfig(id="m", model_path=f"http://{USER}:{SECRET}@127.0.0.1:9/m.gguf",
+                                     chat_template="{{ messages }}"))
+    assert spec.metadata_from == "config" and spec.source == f"http://{USER}:{SECRET}@127.0.0.1:9/m.gguf"
+    assert "http://***@127.0.0.1:9/m.gguf" in spec.metadata_note and SECRET not in spec.metadata_note
+
+
 def test_check_config_shows_a_source_without_its_credentials(hub, tmp_path, capsys, monkeypatch):
     from app.ops.cli import main
 
