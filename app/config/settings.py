@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..model_sources.fetch import FetchError
 from ..model_sources.header import pin, read_header
+from ..model_sources.cache import cache_root
 from ..model_sources.quant import QuantError
+from ..model_sources.redact import redacted
 from ..model_sources.source import ModelSource, parse_source
 from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
@@ -36,7 +38,11 @@ MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, phrased as one line for the person running `serve run`."""
+    """A configuration problem, phrased as one line for the person running `serve run` (credentials in a
+    source URL hidden: the line goes to logs and to check-config's output)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redacted(message))
 
 
 class ModelConfig(BaseModel):
@@ -452,13 +458,16 @@ def resolve_path(model_path: str) -> Path:
 KEPT_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
 
 
-def resolve_model(cfg: ModelConfig) -> ModelSpec:
+def resolve_model(cfg: ModelConfig, model_cache: str | None = None) -> ModelSpec:
+    """`model_cache`: the args' setting; without the Hub, this machine's model cache pins a Hub source and
+    gives its header (a restarted cluster without network serves what its nodes cached)."""
     if cfg.engine == "synthetic":
         return synthetic_spec(cfg)
     source = parse_source(cfg.model_path)
-    where: dict[str, Any] = {"sha256": cfg.sha256, **_mmproj(cfg)}
+    root = cache_root(model_cache)
+    where: dict[str, Any] = {"sha256": cfg.sha256, **_mmproj(cfg, root)}
     if source.remote:
-        meta, remote, note = _remote_metadata(cfg, source)
+        meta, remote, note = _remote_metadata(cfg, source, root)
         where.update(path="", source=remote.canonical(), metadata_from="config" if note else "header",
                      metadata_note=note)
     else:
@@ -513,27 +522,28 @@ def check_projector(cfg: ModelConfig, path: str, meta: dict[str, Any]) -> None:
                           f"it was made for another model")
 
 
-def _remote_metadata(cfg: ModelConfig, source: ModelSource) -> tuple[dict[str, Any], ModelSource, str]:
+def _remote_metadata(cfg: ModelConfig, source: ModelSource, root: Path) -> tuple[dict[str, Any], ModelSource, str]:
     """(metadata, the source pinned, "") from the remote GGUF's header, read here without fetching the
     file. When it cannot be read and the config names the chat template, the app still builds: ({},
     the source, why), and each replica reports what fetching it gives."""
     try:
-        pinned = pin(source)
-        return read_header(pinned, keep_arrays=KEPT_ARRAYS), pinned, ""
+        pinned = pin(source, root)
+        return read_header(pinned, keep_arrays=KEPT_ARRAYS, root=root), pinned, ""
     except QuantError as exc:
         raise ConfigError(f"model {cfg.id!r}: model_path {cfg.model_path!r}: {exc}") from None
     except (FetchError, GGUFError) as exc:
-        if not cfg.chat_template or source.filename is None:
-            needs = ("name the file (hf://<org>/<repo>/<file.gguf>) and set `chat_template`" if source.filename is None
+        by_tag = source.kind == "hf" and source.filename is None  # which file the tag picks is in the listing
+        if not cfg.chat_template or by_tag:
+            needs = ("name the file (hf://<org>/<repo>/<file.gguf>) and set `chat_template`" if by_tag
                      else "set `chat_template` in its config")
             raise ConfigError(f"model {cfg.id!r}: cannot read the GGUF header of {cfg.model_path!r}: {exc}; to "
                               f"deploy without reading it, {needs}") from None
         log.warning("model %r: the GGUF header of %s was not read (%s); using the configured chat_template",
-                    cfg.id, cfg.model_path, exc)
+                    cfg.id, redacted(cfg.model_path), exc)
         return {}, source, str(exc)
 
 
-def _mmproj(cfg: ModelConfig) -> dict[str, str]:
+def _mmproj(cfg: ModelConfig, root: Path) -> dict[str, str]:
     """The projector's fields of the spec: a remote source (pinned) or a local file that exists."""
     if not cfg.mmproj_path:
         return {}
@@ -543,9 +553,9 @@ def _mmproj(cfg: ModelConfig) -> dict[str, str]:
                           f"(hf://<org>/<repo>/<file.gguf>), not a quantization")
     if source.remote:
         try:
-            source = pin(source)
+            source = pin(source, root)
         except FetchError as exc:  # the replicas will say so; the model itself may still serve text
-            log.warning("model %r: mmproj_path %s: %s", cfg.id, cfg.mmproj_path, exc)
+            log.warning("model %r: mmproj_path %s: %s", cfg.id, redacted(cfg.mmproj_path), exc)
         return {"mmproj_source": source.canonical()}
     path = resolve_path(cfg.mmproj_path)
     if not path.is_file():
@@ -636,7 +646,7 @@ def place(spec: ModelSpec, *, cpus: float | None = None, gpus: int = 0) -> Model
 
 
 def resolve_models(args: AppArgs) -> list[ModelSpec]:
-    return [replace(resolve_model(m), model_cache=args.model_cache) for m in args.models]
+    return [replace(resolve_model(m, args.model_cache), model_cache=args.model_cache) for m in args.models]
 
 
 def deployment_name(model_id: str) -> str:

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock
 
+from .redact import without_userinfo
+
 CACHE_ENV = "LLAMARAY_MODEL_CACHE"
 DEFAULT_CACHE = "~/.cache/llamaray/models"
 # Room left after a download: a full disk breaks more than this replica (logs, Ray's object spill).
@@ -36,7 +38,9 @@ def hub_cache(root: Path) -> Path:
 
 def url_dir(root: Path, url: str) -> Path:
     """The folder of a URL's file in the cache: one per remote folder, so the parts of a split model
-    sit side by side under their own names, as llama.cpp expects."""
+    sit side by side under their own names, as llama.cpp expects. Named without the URL's credentials
+    (they would show in every path, log and listing): the same object whatever the credentials."""
+    url = without_userinfo(url)
     parts = urlsplit(url)
     folder = url.rsplit("/", 1)[0]
     digest = hashlib.sha256(folder.encode()).hexdigest()[:16]

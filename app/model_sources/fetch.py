@@ -1,13 +1,18 @@
 """Fetch a remote model source into this node's cache, once per node: under a node-wide file lock,
 after a free-space check, with progress, a sha256 check when one is configured, and the file moved into
-place only when whole (a killed download leaves a partial file that the next try resumes, never a file
-llama.cpp would load). The Hub goes through huggingface_hub (its cache, token, endpoint, offline mode
-and resumable downloads); buckets and URLs through fsspec."""
+place only when whole, never a file llama.cpp would load. The Hub goes through huggingface_hub (its
+cache, token, endpoint and offline mode; it resumes a broken connection within one try but drops its
+partial file when the try fails); buckets and URLs through fsspec, into `<file>.part` that the next try
+resumes when it is provably the same object's first bytes (see _copy). Without the Hub or network, the
+cache's copy is used (cached.py)."""
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
+import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,9 +22,13 @@ from typing import Any, Literal
 from filelock import Timeout
 
 from .cache import DiskFull, check_free_space, hub_cache, lock, url_dir
+from .cached import cached_file, cached_pin
 from .progress import Progress
+from .redact import redacted, userinfo, without_userinfo
 from .source import ModelSource
 from .splits import split_parts
+
+log = logging.getLogger("llamaray.model_sources")
 
 Reason = Literal["not_found", "auth", "checksum", "disk_full", "network", "offline"]
 # Failures that a later try cannot fix without a change of config, secrets or files: not retried.
@@ -29,10 +38,11 @@ LOCK_POLL_S = 2.0
 
 
 class FetchError(RuntimeError):
-    """Why a source could not be fetched: `reason` (one of Reason) and a message that names the source."""
+    """Why a source could not be fetched: `reason` (one of Reason) and a message that names the source
+    (credentials hidden: the message goes to /health, 503s and logs)."""
 
     def __init__(self, reason: Reason, message: str) -> None:
-        super().__init__(message)
+        super().__init__(redacted(message))
         self.reason = reason
 
     @property
@@ -47,7 +57,7 @@ def hub_endpoint() -> str | None:
 
 def fetch(source: ModelSource, root: Path, progress: Progress, *, sha256: str | None = None) -> Path:
     """The local path of `source` (for a split model, its first part, the others beside it)."""
-    with _node_lock(root, source.canonical(), progress):
+    with _node_lock(root, source.key(), progress):
         if source.kind != "hf":
             return _fetch_url(source, root, progress, sha256)
         path = _fetch_hub(source, root, progress)
@@ -120,7 +130,17 @@ def _fetch_hub(source: ModelSource, root: Path, progress: Progress) -> Path:
         paths = [hf_hub_download(source.repo, p, revision=source.revision, cache_dir=cache, endpoint=hub_endpoint(),
                                  tqdm_class=_progress_bar(progress)) for p in parts]
     except Exception as exc:  # noqa: BLE001 - every failure becomes a FetchError with its reason
-        raise hub_error(exc, where) from exc
+        error = hub_error(exc, where)
+        if error.reason in ("offline", "network"):
+            # No Hub: a source the builder could not pin (it had no network either) is found among the
+            # cache's snapshots, which have no ref for a revision downloaded by commit.
+            held = cached_pin(source, root)
+            local = cached_file(held, root) if held is not None else None
+            if local is not None:
+                log.info("%s: the Hub cannot be reached; using this node's cached copy (commit %s)",
+                         source.shown(), held.revision)
+                return local
+        raise error from exc
     return Path(paths[0])
 
 
@@ -184,11 +204,23 @@ def _first_line(exc: BaseException) -> str:
 
 def open_url_fs(url: str) -> tuple[Any, str]:
     """(fsspec file system, path) of a URL. Credentials and endpoints come from each library's own
-    environment (AWS_* incl. AWS_ENDPOINT_URL for s3fs, GOOGLE_APPLICATION_CREDENTIALS for gcsfs)."""
+    environment (AWS_* incl. AWS_ENDPOINT_URL for s3fs, GOOGLE_APPLICATION_CREDENTIALS for gcsfs), or from
+    the URL's userinfo (percent-encoded): KEY:SECRET for s3://, Basic auth for http(s)://. Those become the
+    file system's options and leave the path, which fsspec and aiohttp write into their logs and errors."""
     import fsspec
 
+    options: dict[str, Any] = {}
+    given = userinfo(url)
+    if given is not None:
+        if url.lower().startswith("s3://"):
+            options = {"key": given[0], "secret": given[1]}
+        elif url.lower().startswith(("http://", "https://")):
+            # aiohttp drops the header on a redirect to another origin (a CDN), as it does `auth=`
+            basic = base64.b64encode(f"{given[0]}:{given[1]}".encode()).decode()
+            options = {"client_kwargs": {"headers": {"Authorization": f"Basic {basic}"}}}
+        url = without_userinfo(url)
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise FetchError("not_found", f"{url}: no file system for it is installed ({exc}); install "
                                       f"llamaray[s3] or llamaray[gcs]") from None
@@ -201,12 +233,13 @@ def _fetch_url(source: ModelSource, root: Path, progress: Progress, sha256: str 
     try:
         missing = [(open_url_fs(url), dest) for url, dest in targets if not dest.is_file()]
         if missing:
-            sizes = [int(fs.info(path).get("size") or 0) for (fs, path), _ in missing]
-            check_free_space(folder, sum(sizes) - sum(_partial(dest) for _, dest in missing))
-            progress.begin(sum(sizes))
-            for (fs, path), dest in missing:
+            infos = [fs.info(path) for (fs, path), _ in missing]
+            sizes = [_size(info) for info in infos]
+            check_free_space(folder, sum(s or 0 for s in sizes) - sum(_partial(dest) for _, dest in missing))
+            progress.begin(sum(s or 0 for s in sizes))
+            for ((fs, path), dest), info in zip(missing, infos):
                 # The configured sha256 is the first part's (or the whole file's)
-                _copy(fs, path, dest, progress, sha256 if dest == targets[0][1] else None, root)
+                _copy(fs, path, dest, info, progress, sha256 if dest == targets[0][1] else None, root)
         if sha256:
             verify_sha256(targets[0][1], sha256, root)  # a file already here: remembered, or hashed once
     except Exception as exc:  # noqa: BLE001 - every failure becomes a FetchError with its reason
@@ -214,18 +247,86 @@ def _fetch_url(source: ModelSource, root: Path, progress: Progress, sha256: str 
     return targets[0][1]
 
 
+def _size(info: dict[str, Any]) -> int | None:
+    """The object's declared size (Content-Length, the object's size), None when the source gives none."""
+    size = info.get("size")
+    return int(size) if size else None
+
+
+def _identity(info: dict[str, Any]) -> dict[str, Any]:
+    """What tells this object from another at the same URL: its size and what the store says of its
+    version (ETag, generation, modification time)."""
+    keys = ("ETag", "etag", "md5Hash", "generation", "LastModified", "Last-Modified", "mtime", "updated")
+    return {"size": _size(info), **{k: str(info[k]) for k in keys if info.get(k) is not None}}
+
+
 def _partial(dest: Path) -> int:
     part = dest.with_name(dest.name + ".part")
     return part.stat().st_size if part.is_file() else 0
 
 
-def _copy(fs: Any, path: str, dest: Path, progress: Progress, sha256: str | None, root: Path) -> None:
-    """Copy into <dest>.part, resuming after what an earlier try left there; rename when whole and, given a
-    sha256, matching it (a mismatching download is deleted, never put in place)."""
+def _copy(fs: Any, path: str, dest: Path, info: dict[str, Any], progress: Progress, sha256: str | None,
+          root: Path) -> None:
+    """Copy into <dest>.part and rename it into place when whole: its size the source's declared size and,
+    given a sha256, matching it. A part that an earlier try left is resumed only when its record
+    (<dest>.part.id, written before its first byte) names this very object and the object has a known size;
+    any other (junk, a changed object, no record) is discarded first. A resumed part that still fails a
+    check is discarded and the file fetched again from zero, once: only a fresh download's checksum
+    mismatch is lasting."""
     part = dest.with_name(dest.name + ".part")
+    record = dest.with_name(dest.name + ".part.id")
+    identity, size = _identity(info), _size(info)
     offset = _partial(dest)
+    if offset and (size is None or offset > size or not _same_object(record, identity)):
+        log.warning("%s: discarding a partial download that is not this object's (%d bytes)", dest.name, offset)
+        _discard(part, record)
+        offset = 0
     if offset:
+        before = progress.done
         progress.advance(offset)
+        try:
+            _download(fs, path, part, offset, progress)
+            _check(part, size, sha256, root)
+        except FetchError as exc:
+            if part.is_file() and size is not None and _partial(dest) < size:
+                raise  # cut short again: resumed by the next try
+            log.warning("%s: the resumed download failed its check (%s); fetching it again from zero", dest.name, exc)
+            progress.advance(before - progress.done)
+            _discard(part, record)
+        else:
+            _install(part, record, dest)
+            return
+    record.write_text(json.dumps(identity, sort_keys=True))
+    with open(part, "wb"):
+        pass
+    try:
+        _download(fs, path, part, 0, progress)
+        _check(part, size, sha256, root)
+    except BaseException:
+        if not part.is_file():  # discarded by the check: its record goes with it
+            record.unlink(missing_ok=True)
+        raise
+    _install(part, record, dest)
+
+
+def _same_object(record: Path, identity: dict[str, Any]) -> bool:
+    try:
+        return json.loads(record.read_text()) == identity
+    except (OSError, ValueError):
+        return False
+
+
+def _discard(part: Path, record: Path) -> None:
+    part.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
+
+
+def _install(part: Path, record: Path, dest: Path) -> None:
+    os.replace(part, dest)
+    record.unlink(missing_ok=True)
+
+
+def _download(fs: Any, path: str, part: Path, offset: int, progress: Progress) -> None:
     with fs.open(path, "rb", block_size=CHUNK) as src, open(part, "ab") as out:
         if offset:
             src.seek(offset)
@@ -234,9 +335,19 @@ def _copy(fs: Any, path: str, dest: Path, progress: Progress, sha256: str | None
             progress.advance(len(chunk))
         out.flush()
         os.fsync(out.fileno())
+
+
+def _check(part: Path, size: int | None, sha256: str | None, root: Path) -> None:
+    """FetchError unless the part is whole: "network" for a size other than the declared one (a shorter
+    part is kept, for the next try to resume; a longer one is not this object's), "checksum" (the part
+    removed) for a sha256 mismatch."""
+    got = part.stat().st_size
+    if size is not None and got != size:
+        if got > size:
+            part.unlink(missing_ok=True)
+        raise FetchError("network", f"{part.name.removesuffix('.part')}: got {got} bytes, the source declares {size}")
     if sha256:
         verify_sha256(part, sha256, root, remove_bad=True)
-    os.replace(part, dest)
 
 
 def url_error(exc: Exception, url: str) -> FetchError:
@@ -245,6 +356,11 @@ def url_error(exc: Exception, url: str) -> FetchError:
     if isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
         return FetchError("disk_full", f"{url}: {exc}")
     if isinstance(exc, FileNotFoundError):
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, FileNotFoundError):
+            # fsspec's HTTP file system says "not found" for anything that failed (refused connection,
+            # 403): the cause tells which, so no network is not taken for a lasting failure
+            return url_error(cause, url)
         return FetchError("not_found", f"{url}: not found")
     if isinstance(exc, PermissionError) or type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
         return FetchError("auth", f"{url}: access denied ({_first_line(exc)}): give the replicas credentials that "

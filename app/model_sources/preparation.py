@@ -18,6 +18,7 @@ from ..serving.models import ModelState
 from .fetch import FetchError
 from .local_copy import fetch_spec
 from .progress import Progress
+from .redact import redacted
 
 log = logging.getLogger("llamaray.model_sources")
 
@@ -55,7 +56,7 @@ class Preparation:
             self.on_change()
             return
         self.fetched = True
-        log.info("model %r: %s is ready at %s", self.spec.id, self.spec.source or "the model", spec.path)
+        log.info("model %r: %s is ready at %s", self.spec.id, redacted(self.spec.source) or "the model", spec.path)
         self.on_change()
         self.ready(spec)
         self.on_change()

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from .cache import human_size
+from .redact import redacted
 
 log = logging.getLogger("llamaray.model_sources")
 
@@ -24,6 +25,15 @@ class Progress:
         self.waiting: str | None = None  # why nothing moves (another replica on this node is fetching)
         self._lock = threading.Lock()
         self._said_at, self._said_done = float("-inf"), 0
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    @label.setter
+    def label(self, text: str) -> None:
+        # What it names is read by /health and written to the log: never a source URL's credentials.
+        self._label = redacted(text)
 
     def begin(self, total: int | None) -> None:
         with self._lock:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from .redact import redacted, without_userinfo
+
 Kind = Literal["path", "pkg", "hf", "url"]
 
 REMOTE_SCHEMES = ("s3", "gs", "https", "http")
@@ -22,7 +24,10 @@ _URL = re.compile(r"^(?P<scheme>[a-z0-9]+)://(?P<rest>.+)$", re.I)
 
 
 class SourceError(ValueError):
-    """`model_path` names no source we can fetch; the message says which forms exist."""
+    """`model_path` names no source we can fetch; the message says which forms exist (credentials hidden)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redacted(message))
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,14 @@ class ModelSource:
             return f"hf://{self.repo}/{self.filename}" + (f"@{self.revision}" if self.revision else "")
         return self.url if self.kind == "url" else self.text
 
+    def shown(self) -> str:
+        """The canonical form to show (logs, /health, errors): credentials in a URL hidden."""
+        return redacted(self.canonical())
+
+    def key(self) -> str:
+        """What names the file, whatever the credentials: the node lock's and the cache folder's key."""
+        return without_userinfo(self.canonical())
+
     def pinned(self, filename: str, revision: str | None) -> "ModelSource":
         """This Hub source with its file (a quantization tag resolved) and revision (a commit) fixed."""
         return replace(self, filename=filename, revision=revision or self.revision, quant=None,
@@ -78,6 +91,9 @@ def parse_source(text: str) -> ModelSource:
                               f"https://, a file path, pkg:<package>/<file>)")
         if not text.lower().endswith(".gguf"):
             raise SourceError(f"model_path {text!r}: a URL must name a .gguf file")
+        if m["scheme"].lower() == "gs" and redacted(text) != text:
+            raise SourceError(f"model_path {text!r}: a gs:// URL takes no credentials; give the replicas "
+                              f"GOOGLE_APPLICATION_CREDENTIALS")
         return ModelSource("url", text, url=text)
     m = _HF_QUANT.match(text)
     if m and not text.startswith((".", "/", "~", "$")):

@@ -21,6 +21,7 @@ from ..config.settings import (
     parse_args,
     resolve_model,
 )
+from ..model_sources.redact import redacted
 from .placement import (
     CORE_DEPLOYMENTS,
     PREFIX_ROUTER_CLASS,
@@ -62,13 +63,14 @@ def source_note(model: ModelConfig, spec: ModelSpec) -> str:
     if spec.engine == "synthetic":
         return f"model {model.id!r}: synthetic engine (no file)"
     name = f"model {model.id!r} ({spec.kind})"
-    projector = (f"; images through the projector {spec.mmproj_source or spec.mmproj_path}"
+    projector = (f"; images through the projector {redacted(spec.mmproj_source or spec.mmproj_path)}"
                  if spec.mmproj_source or spec.mmproj_path else "")
     if not spec.source:
         return f"{name}: {spec.path} (a file every node that runs it must have; metadata read from it){projector}"
     header = ("header read by range requests" if spec.metadata_from == "header"
               else f"header NOT readable ({spec.metadata_note}); the configured chat_template is used")
-    return f"{name}: {spec.source} (fetched by each node that runs it, into its model cache); {header}{projector}"
+    return (f"{name}: {redacted(spec.source)} (fetched by each node that runs it, into its model cache); "
+            f"{header}{projector}")
 
 
 def _requires_keys(app: dict[str, Any]) -> bool:
@@ -85,7 +87,7 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
     problems = []
     for model in args.models:
         try:
-            spec = resolve_model(model)
+            spec = resolve_model(model, args.model_cache)
             preflight(spec)
         except ConfigError as exc:
             problems.append(str(exc))

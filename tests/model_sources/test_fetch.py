@@ -120,18 +120,6 @@ def test_hub_not_found(hub, tmp_path, text, reason):
         pin(parse_source(text))
 
 
-def test_https_through_fsspec_resumes_a_partial_file(hub, tmp_path, roomy, gguf_path):
-    url = f"{hub.url}/{REPO}/resolve/main/{FILE}"
-    folder = url_dir(tmp_path, url)
-    folder.mkdir(parents=True)
-    (folder / (FILE + ".part")).write_bytes(gguf_path.read_bytes()[:3 << 20])
-    progress = Progress("x", say=lambda _: None)
-    path = fetch(parse_source(url), tmp_path, progress, sha256=hub.sha256(gguf_path))
-    assert path == folder / FILE and not (folder / (FILE + ".part")).exists()
-    assert sha256_of(path) == hub.sha256(gguf_path)
-    assert hub.gets[(REPO, FILE)] == 0, "the download did not resume after the partial file"
-
-
 def test_https_not_found(hub, tmp_path):
     with pytest.raises(FetchError) as err:
         fetch(parse_source(f"{hub.url}/{REPO}/resolve/main/nope.gguf"), tmp_path, Progress("x"))

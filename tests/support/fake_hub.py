@@ -39,6 +39,7 @@ class FakeHub:
         self.repos = repos
         self.gets: Counter[tuple[str, str]] = Counter()
         self.range_bytes: Counter[tuple[str, str]] = Counter()
+        self.authorizations: Counter[str] = Counter()  # the Authorization headers requests came with
         self._sha: dict[Path, str] = {}
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -118,6 +119,9 @@ class FakeHub:
                 self._serve()
 
             def _serve(self) -> None:
+                if self.headers.get("Authorization"):
+                    with hub._lock:
+                        hub.authorizations[self.headers["Authorization"]] += 1
                 parts = urlsplit(self.path)
                 path = unquote(parts.path)
                 m = _API.match(path)
