@@ -9,10 +9,14 @@ four hostile requests arrive together:
   limits.max_grammar_bytes and limits.max_grammar_stacks), which llama.cpp parses and matches;
 - `logprobs_bomb`: /v1/completions with 128 prompts of ~1,000 tokens, `echo`, `logprobs: 20` and
   `max_tokens: 0` (gigabytes of logprob entries unless refused);
-- `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot.
+- `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot;
+- `image_bomb_<k>` (`--image-bombs K`, for a model with a projector): K chat requests of
+  `--images-per-bomb` progressive JPEGs each, 2048x2048 with the last scan repeated 1,500 times (~60 kB
+  that decode for seconds each: bench/image_bombs.py). `--only image_bomb` sends only those.
 
-Prints the streams' inter-chunk gaps (p50, p99, max; during the hostile requests and over the whole
-run) and each hostile request's HTTP status, error code and time, and writes them as JSON with `--out`.
+Prints the streams' inter-chunk gaps (p50, p99, max; during the hostile requests, at least
+`--min-window` seconds from their arrival, and over the whole run) and each hostile request's HTTP
+status, error code and time, and writes them as JSON with `--out`.
 Target: inter-chunk p99 under 250 ms (FAIL printed next to a miss). Exits 1 when a stream failed.
 Nothing is started here: point it at a running server.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from bench.image_bombs import scan_bomb_url
 from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat
 
 TARGET_P99_S = 0.25
@@ -76,7 +81,20 @@ def big_grammar(max_bytes: int = 60_000, alternatives: int = 60) -> str:
     return "root ::= " + " ".join(f"r{k}" for k in range(len(rules))) + "\n" + "\n".join(rules)
 
 
-def hostile_requests(model: str, n: int, message_bytes: int) -> list[Hostile]:
+def image_bombs(model: str, count: int, per_request: int) -> list[Hostile]:
+    bomb = {"type": "image_url", "image_url": {"url": scan_bomb_url()}}
+    return [Hostile(f"image_bomb_{k}", "/chat/completions", {
+        "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, *[bomb] * per_request]}]}) for k in range(count)]
+
+
+def hostile_requests(model: str, n: int, message_bytes: int, image_count: int = 0,
+                     images_per_request: int = 1, only: str | None = None) -> list[Hostile]:
+    hostile = text_bombs(model, n, message_bytes) + image_bombs(model, image_count, images_per_request)
+    return [h for h in hostile if only is None or h.name.startswith(only)]
+
+
+def text_bombs(model: str, n: int, message_bytes: int) -> list[Hostile]:
     user = [{"role": "user", "content": "x" * message_bytes}]
     long_prompt = " ".join(["The committee reviewed the annual report in detail."] * 120)  # ~1,000 tokens
     return [
@@ -149,11 +167,12 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
         workers = [asyncio.create_task(stream_worker(client, url, ns.model, k, ns.max_tokens, streams))
                    for k in range(STREAMS)]
         await asyncio.sleep(ns.warmup)  # the streams are under way
-        hostile = hostile_requests(ns.model, ns.n, ns.message_bytes)
+        hostile = hostile_requests(ns.model, ns.n, ns.message_bytes, ns.image_bombs, ns.images_per_bomb, ns.only)
         t0 = time.perf_counter()
         await asyncio.gather(*(send(client, ns.url, h) for h in hostile))
-        t1 = time.perf_counter()
-        await asyncio.sleep(ns.after)
+        # Refused requests end in milliseconds: the window is at least --min-window, so it holds gaps.
+        t1 = max(time.perf_counter(), t0 + ns.min_window)
+        await asyncio.sleep(t1 - time.perf_counter() + ns.after)
         streams.stop.set()
         await asyncio.gather(*workers)
     failed = [r for r in streams.results if not r.ok]
@@ -190,7 +209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per streamed request")
     p.add_argument("--message-bytes", type=int, default=4 * 1024 * 1024 - 4096,
                    help="size of the big message (default: just under the 4 MiB body limit)")
+    p.add_argument("--image-bombs", type=int, default=0,
+                   help="chat requests carrying slow-to-decode JPEGs (the model needs a projector)")
+    p.add_argument("--images-per-bomb", type=int, default=2, help="JPEGs in each image bomb request")
+    p.add_argument("--only", default=None, help="send only the hostile requests whose name starts with this")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of streaming before the hostile requests")
+    p.add_argument("--min-window", type=float, default=0.0,
+                   help="measure the gaps over at least this many seconds from the hostile requests' arrival")
     p.add_argument("--after", type=float, default=2.0, help="seconds of streaming after them")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", default=None, help="write the report here as JSON")

@@ -46,7 +46,7 @@ def check_images(req: ChatCompletionRequest, spec: ModelSpec, limits: Limits) ->
 
 
 async def load_images(req: ChatCompletionRequest, limits: Limits) -> list[ImageInput]:
-    """Every image of the request (checked by check_images), in prompt order, one after another: a request
-    holds one image's decoding memory and one core at a time, and its first bad image ends it."""
-    return [await image_loader.load_image(value["url"], f"{where}.image_url", limits)
-            for where, _, value in image_parts(req)]
+    """Every image of the request (checked by check_images), in prompt order (app/images/load.py: one after
+    another, within one deadline and one decoded-bytes budget)."""
+    return await image_loader.load_images([(f"{where}.image_url", value["url"]) for where, _, value in image_parts(req)],
+                                          limits)

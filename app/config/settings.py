@@ -247,6 +247,17 @@ class Limits(BaseModel):
     max_image_side: int = Field(2048, ge=16, description="images wider or taller are scaled down to this (aspect "
                                 "kept) before they reach the model")
     max_images: int = Field(8, ge=0, description="most images in one request, over all its messages")
+    # Decoding work: pixels bound one image, this bounds a request's images together (about five photos
+    # from a 12 MP phone camera), as their headers declare them, before each is decoded.
+    max_image_bytes_decoded: int = Field(192 * 1024 * 1024, ge=1024, description="most bytes of RGB pixels "
+                                         "one request's images decode to, together (3 per pixel, full size)")
+    # Each scan of a progressive JPEG walks every block of the image: libjpeg writes 10, a hostile file
+    # repeats one thousands of times in a few kB and decodes for minutes.
+    max_jpeg_scans: int = Field(100, ge=1, description="most scans (SOS markers) a JPEG may have; more get a "
+                                "400 before it is decoded")
+    image_decode_timeout_s: float = Field(20.0, gt=0, description="deadline to decode one request's images "
+                                          "together, waiting for a decoding thread included (at most "
+                                          "request_timeout_s)")
     # Off by default: fetching URLs a client names lets it make the server request any address it can
     # reach (its cloud metadata, internal services). Data URLs need no switch.
     image_url_fetch: bool = Field(False, description="fetch `http(s)` image URLs (off: only `data:` URLs)")

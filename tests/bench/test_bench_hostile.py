@@ -31,3 +31,25 @@ def test_gaps_are_per_stream_and_within_the_window():
     assert sorted(round(g, 3) for g in gaps_between([a, b])) == [0.1, 0.3, 1.0]
     assert [round(g, 3) for g in gaps_between([a, b], 10.3, 15.0)] == [0.3]
     assert big_grammar(1000).startswith("root ::= ")
+
+
+def test_image_bombs_are_jpegs_within_the_limits_that_the_server_refuses_by_their_scans():
+    import asyncio
+
+    import pytest
+
+    from app.api.errors import APIError
+    from app.images import load_image
+    from app.images.jpeg_scans import jpeg_scans
+    from bench.image_bombs import scan_bomb
+
+    limits = Limits()
+    bombs = hostile_requests("m", 16, 1000, image_count=3, images_per_request=2, only="image_bomb")
+    assert [h.name for h in bombs] == ["image_bomb_0", "image_bomb_1", "image_bomb_2"]
+    parts = bombs[0].body["messages"][0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_url", "image_url"]
+    assert len(json.dumps(bombs[0].body).encode()) < limits.max_body_bytes
+    assert jpeg_scans(scan_bomb()) > limits.max_jpeg_scans and len(scan_bomb()) < limits.max_image_bytes
+    with pytest.raises(APIError) as info:
+        asyncio.run(load_image(parts[1]["image_url"]["url"], "p", limits))
+    assert info.value.code == "image_too_complex"

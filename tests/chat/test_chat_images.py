@@ -95,13 +95,13 @@ def test_load_images_asks_the_loader_where_each_image_is(vision_spec, monkeypatc
 
     import app.images
     asked = []
-    real = app.images.load_image
+    real = app.images.load_images
 
-    async def record(url, where, limits):
-        asked.append(where)
-        return await real(url, where, limits)
+    async def record(parts, limits):
+        asked.extend(where for where, _ in parts)
+        return await real(parts, limits)
 
-    monkeypatch.setattr(app.images, "load_image", record)
+    monkeypatch.setattr(app.images, "load_images", record)
     req = request(vision_spec, text("a"), picture(), text("b"), picture())
     assert len(asyncio.run(load_images(req, Limits()))) == 2
     assert asked == ["messages[0].content[1].image_url", "messages[0].content[3].image_url"]

@@ -52,3 +52,43 @@ HOSTILE_IMAGES = [
     ("file:// URL", "file:///etc/passwd", "invalid_image_url"),
     ("http URL while fetching is off", "http://169.254.169.254/latest/meta-data/", "image_url_not_allowed"),
 ]
+
+
+def exif_with(entries: list[tuple[int, int, int, bytes]]) -> bytes:
+    """EXIF (as Pillow's `exif=` takes it): a little-endian TIFF IFD of (tag, type, count, 4 value bytes)."""
+    ifd = b"".join(struct.pack("<HHI", tag, kind, count) + value for tag, kind, count, value in entries)
+    return b"Exif\x00\x00II*\x00" + struct.pack("<IH", 8, len(entries)) + ifd + struct.pack("<I", 0)
+
+
+ORIENTATION_6 = (0x0112, 3, 1, struct.pack("<HH", 6, 0))  # rotated 90 degrees: exif_transpose turns it
+
+
+def bad_exif(fmt: str, wrong_tag: int = 0x011A, wrong_type: int = 2) -> bytes:
+    """A small image whose EXIF has Orientation beside a tag stored with the wrong type (XResolution as
+    ASCII: Pillow's exif_transpose raises TypeError rewriting it; ResolutionUnit (0x0128) as ASCII:
+    struct.error)."""
+    return encode(Image.new("RGB", (8, 4), (255, 0, 0)), fmt,
+                  exif=exif_with([ORIENTATION_6, (wrong_tag, wrong_type, 1, b"1\x00\x00\x00")]))
+
+
+def mpo(*colours: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes:
+    """A multi-picture JPEG (what phones and cameras write), one solid picture per colour."""
+    first, *rest = [Image.new("RGB", size, c) for c in colours]
+    return encode(first, "MPO", save_all=True, append_images=rest)
+
+
+def progressive_jpeg(size: tuple[int, int] = (64, 48), colour: tuple[int, int, int] = (255, 0, 0)) -> bytes:
+    return encode(Image.new("RGB", size, colour), "JPEG", progressive=True, quality=90)
+
+
+def repeat_last_scan(jpeg: bytes, times: int) -> bytes:
+    """A progressive JPEG with its last scan (SOS to EOI) repeated: a few kB that libjpeg decodes scan by
+    scan, each scan walking every block of the image."""
+    last = jpeg.rindex(b"\xff\xda")
+    end = jpeg.rindex(b"\xff\xd9")
+    return jpeg[:end] + jpeg[last:end] * times + jpeg[end:]
+
+
+def scan_bomb(times: int = 3000, size: tuple[int, int] = (4096, 4096)) -> bytes:
+    """The largest picture the server takes, its last scan repeated `times` times (about 64 kB)."""
+    return repeat_last_scan(progressive_jpeg(size, (200, 30, 30)), times)
