@@ -20,7 +20,7 @@ from app.serving.processing import APIRequest, Processor
 from app.serving.traced import traced_models
 
 from .error_mapping import call_mapped
-from .handles import by_value
+from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
 from .models import RemoteModels
 from .relay import relay
@@ -68,8 +68,8 @@ class RemoteProcessing:
     first and may refuse a request at once (a model no node can hold)."""
 
     def __init__(self, handle: DeploymentHandle, admit: Callable[[str], None]) -> None:
-        self.handle = by_value(handle)
-        self.streaming = by_value(handle, stream=True)
+        self.handle = unary(handle)
+        self.streaming = StreamHop(handle)
         self.admit = admit
 
     async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
@@ -78,7 +78,7 @@ class RemoteProcessing:
 
     def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
         self.admit(request.model)
-        return relay(lambda: self.streaming.stream.remote(request, caller))
+        return relay(lambda: self.streaming.to(request, caller).stream.remote(request, caller))
 
     async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
         self.admit(request.model)

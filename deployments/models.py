@@ -13,7 +13,7 @@ from app.engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, 
 
 from .engine_host import EngineHost
 from .error_mapping import call_mapped, to_api_error
-from .handles import by_value
+from .handles import StreamHop, unary
 from .relay import relay
 
 
@@ -58,17 +58,13 @@ class RemoteModels:
     """Models in LlamaModel deployments of their own, over their handles (one Ray hop per streamed item)."""
 
     def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
-        self.handles = {mid: by_value(h) for mid, h in handles.items()}
-        self.streams = {mid: by_value(h, stream=True) for mid, h in handles.items()}
-        # A request with images goes through the object store: by value, gRPC caps one message at
-        # RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH (4 MiB), and one image's pixels take up to
-        # limits.max_image_side² x 3 bytes (12 MiB at 2048).
-        self.handles_by_ref = dict(handles)
-        self.streams_by_ref = {mid: h.options(stream=True) for mid, h in handles.items()}
+        # A request with images, or a long prompt, goes by reference (deployments/handles.py): one image's
+        # pixels take up to limits.max_image_side² x 3 bytes (12 MiB at 2048), past gRPC's 4 MiB.
+        self.handles = {mid: unary(h) for mid, h in handles.items()}
+        self.streams = {mid: StreamHop(h) for mid, h in handles.items()}
 
     def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
-        streams = self.streams_by_ref if request.images else self.streams
-        return relay(lambda: streams[model_id].generate.remote(request))
+        return relay(lambda: self.streams[model_id].to(request).generate.remote(request))
 
     async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
         return await call_mapped(lambda: self.handles[model_id].embed.remote(job))
@@ -77,8 +73,7 @@ class RemoteModels:
         return await call_mapped(lambda: self.handles[model_id].tokenize.remote(text, add_special))
 
     async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
-        handles = self.handles_by_ref if images else self.handles
-        return await call_mapped(lambda: handles[model_id].count_prompt.remote(prompt, images))
+        return await call_mapped(lambda: self.handles[model_id].count_prompt.remote(prompt, images))
 
     async def detokenize(self, model_id: str, tokens: list[int]) -> str:
         return await call_mapped(lambda: self.handles[model_id].detokenize.remote(tokens))

@@ -261,3 +261,21 @@ def test_control_token_text_through_a_tool_rendering_template_stays_text(http):
         r = http.post("/v1/chat/completions", json={"model": TOOLS_MODEL, "messages": messages, "tools": tools,
                                                     "max_tokens": 1})
         assert r.status_code == (200 if isinstance(injected, list) else 400), (name, r.text[:300])
+
+
+@pytest.mark.parametrize("route, make", [
+    ("/v1/chat/completions", lambda text: chat(messages=[{"role": "user", "content": text}])),
+    ("/v1/responses", lambda text: {"model": MODEL, "input": text, "max_output_tokens": 16}),
+    ("/v1/embeddings", lambda text: {"model": "minilm", "input": [text[:1000]] * (len(text) // 1004)}),
+])
+def test_a_body_at_the_size_limit_crosses_every_hop(cluster, http, route, make):
+    """A body just under limits.max_body_bytes (4 MiB) is answered by its service (a 400 for a prompt past
+    the context window), in every topology: the hops between deployments carry it whatever their own
+    message caps (Ray Serve's gRPC takes 4 MiB a message)."""
+    before = cluster.identities()
+    text = "word " * ((4 * 1024 * 1024 - 2048) // 5)
+    body = json.dumps(make(text)).encode()
+    assert 4 * 1024 * 1024 - 4096 < len(body) <= 4 * 1024 * 1024
+    r = http.post(route, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert cluster.identities() == before
