@@ -12,7 +12,8 @@ is rejected). The variants take turns within each round, their order rotating ro
 machine's speed moves over minutes); each cell is the median over the rounds. Per cell: completion tok/s
 of a wave of `c` requests submitted together, TTFT (median over requests; it includes the request's grammar
 compile: schema -> GBNF and llama.cpp building it, as the server pays it), the share of tokens that took
-the slow path, and how many finished replies are valid (jsonschema) against their schema. `compile_ms`:
+the slow path, the engine thread's CPU time in sampling per token (thread_time: less moved by other
+processes than wall time), and how many finished replies are valid (jsonschema) against their schema. `compile_ms`:
 schema -> GBNF plus llama_sampler_init_grammar, median of 5.
 """
 
@@ -131,18 +132,27 @@ WORKLOADS = {
     "gbnf": _gbnf_workload(),
 }
 
-_slow = {"tokens": 0}
+_slow = {"tokens": 0, "sample_cpu_s": 0.0}
 
 
-def _count_slow_path() -> None:
-    """Each sampler's slow-path count, added up when the engine frees it."""
-    free = llama_mod.SamplerChain.free
+def _count_sampling() -> None:
+    """Each sampler's slow-path count, added up when the engine frees it, and the engine thread's CPU time
+    in sampling (thread_time: what another process's load on this shared machine does not add to)."""
+    free, sample = llama_mod.SamplerChain.free, llama_mod.SamplerChain.sample
 
     def counted(self) -> None:
         if self.chain:
             _slow["tokens"] += self.slow_path_tokens
         free(self)
+
+    def timed(self, batch_index: int) -> int:
+        t0 = time.thread_time()
+        try:
+            return sample(self, batch_index)
+        finally:
+            _slow["sample_cpu_s"] += time.thread_time() - t0
     llama_mod.SamplerChain.free = counted
+    llama_mod.SamplerChain.sample = timed
 
 
 def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: int, first: int) -> dict[str, Any]:
@@ -167,7 +177,7 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
         return sink
 
     llama_mod.GRAMMAR_FIRST = variant == "before"
-    _slow["tokens"] = 0
+    _slow["tokens"], _slow["sample_cpu_s"] = 0, 0.0
     t0 = time.perf_counter()
     for k in range(n):
         started[k] = time.perf_counter()
@@ -187,7 +197,8 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
     valid = sum(1 for k in finished if work.check is None or work.check("".join(texts[k])))
     return {"tok_s": tokens / wall, "tokens": tokens,
             "ttft_ms": statistics.median((first_text[k] - started[k]) * 1000 for k in first_text),
-            "slow_share": _slow["tokens"] / max(1, tokens), "finished": len(finished), "valid": valid}
+            "slow_share": _slow["tokens"] / max(1, tokens), "sample_cpu_ms": 1000 * _slow["sample_cpu_s"] / max(1, tokens),
+            "finished": len(finished), "valid": valid}
 
 
 def compile_ms(engine: LlamaEngine, work: Workload) -> float:
@@ -215,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     works = [WORKLOADS[w] for w in ns.workloads.split(",")]
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048, n_seq_max=max(levels),
                                      n_threads=ns.threads, stream_interval_ms=0))
-    _count_slow_path()
+    _count_sampling()
     engine = LlamaEngine(spec).start()
     engine.spec = spec
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -250,16 +261,21 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]], compiles: dic
         return statistics.median(row[key] for row in rows)
 
     lines = ["| workload | c | plain tok/s | before tok/s | after tok/s | TTFT ms plain / before / after "
-             "| slow-path tokens before / after | valid / finished (after) | compile ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| sampling CPU ms/token plain / before / after | slow-path tokens after "
+             "| valid / finished (before, after) | compile ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for cell, variants in results.items():
         name, c = cell.rsplit(" c=", 1)
         plain, before, after = (med(variants[v], "tok_s") for v in VARIANTS)
         ttft = " / ".join(f"{med(variants[v], 'ttft_ms'):.0f}" for v in VARIANTS)
+        cpu = " / ".join(f"{med(variants[v], 'sample_cpu_ms'):.2f}" for v in VARIANTS)
+
+        def valid(v: str) -> str:
+            return f"{sum(r['valid'] for r in variants[v])} / {sum(r['finished'] for r in variants[v])}"
         lines.append(
             f"| {name} | {c} | {plain:.1f} | {before:.1f} ({before / plain:.2f}x) | {after:.1f} ({after / plain:.2f}x) "
-            f"| {ttft} | {med(variants['before'], 'slow_share'):.0%} / {med(variants['after'], 'slow_share'):.0%} "
-            f"| {sum(r['valid'] for r in variants['after'])} / {sum(r['finished'] for r in variants['after'])} "
+            f"| {ttft} | {cpu} | {med(variants['after'], 'slow_share'):.0%} "
+            f"| {valid('before')}, {valid('after')} "
             f"| {compiles.get(name, float('nan')):.1f} |")
     return "\n".join(lines)
 

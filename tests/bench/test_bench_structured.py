@@ -28,9 +28,9 @@ def test_the_checks_accept_a_valid_reply_and_refuse_others():
 
 def test_the_table_puts_each_variant_beside_the_plain_run():
     def row(tok_s):
-        return {"tok_s": tok_s, "ttft_ms": 10.0, "slow_share": 0.5, "finished": 1, "valid": 1}
+        return {"tok_s": tok_s, "ttft_ms": 10.0, "slow_share": 0.5, "sample_cpu_ms": 0.25, "finished": 1, "valid": 1}
     results = {"json-small c=1": {"plain": [row(100.0), row(80.0)], "before": [row(45.0), row(55.0)],
                                   "after": [row(90.0), row(88.0)]}}
     line = summarize(results, {"json-small": 1.5}).splitlines()[-1]
     assert line.startswith("| json-small | 1 | 90.0 | 50.0 (0.56x) | 89.0 (0.99x) |"), line
-    assert line.endswith("| 2 / 2 | 1.5 |"), line
+    assert line.endswith("| 0.25 / 0.25 / 0.25 | 50% | 2 / 2, 2 / 2 | 1.5 |"), line
