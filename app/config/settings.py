@@ -46,7 +46,7 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field(description="the `model` name clients send")
     kind: Literal["chat", "embedding", "rerank"] = Field(
@@ -180,7 +180,7 @@ RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a sc
 class SyntheticSettings(BaseModel):
     """How fast a synthetic engine pretends to be (app/engine/synthetic.py): a preset, or measured figures."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     preset: Literal["h200-smollm2-135m"] = Field("h200-smollm2-135m", description="measured rates to start from")
     prefill_tokens_per_s: float | None = Field(None, gt=0, description="prompt tokens per second")
@@ -194,7 +194,7 @@ CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.conten
 
 
 class Limits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get a 413")
     max_messages: int = Field(1024, ge=1, description="most messages in one request")
@@ -286,7 +286,7 @@ class AuthConfig(BaseModel):
     """Who may call: where API keys come from (never the keys themselves: this file is not a secret store),
     and which Hosts and web-page Origins are answered (app/http/browser_guard.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_keys_env: str | None = Field("LLAMARAY_API_KEYS", description="env var with comma-separated keys")
     api_keys_file: str | None = Field(None, description="file with one key per line")
@@ -331,7 +331,7 @@ class TracingConfig(BaseModel):
     """Where the replicas send OpenTelemetry spans (OTLP over HTTP). Off unless an endpoint is set here or in
     the replicas' environment ($OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     endpoint: str | None = Field(None, description="the collector's OTLP/HTTP address, e.g. http://otel-collector:4318 "
                                                    "(spans go to <endpoint>/v1/traces unless it ends so already)")
@@ -350,7 +350,7 @@ class TracingConfig(BaseModel):
 
 
 class AppArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     models: list[ModelConfig] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)

@@ -342,3 +342,15 @@ def test_resolve_corrupt_gguf_is_config_error(tmp_path):
     p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**62) + b"abc")
     msg = config_error(resolve_model, ModelConfig(id="c", model_path=str(p)))
     assert "'c'" in msg
+
+
+@pytest.mark.parametrize("field", ["image_decode_timeout_s", "request_timeout_s", "response_store_ttl_s"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_limit_is_a_finite_number(field, value):
+    """YAML's `.inf`/`.nan` parse as floats: a non-finite deadline or bound is refused when the config is read."""
+    from pydantic import ValidationError
+
+    from app.config.settings import Limits
+
+    with pytest.raises(ValidationError, match=field):
+        Limits(**{field: value})
