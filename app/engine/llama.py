@@ -11,7 +11,6 @@ import logging
 import math
 import re
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..api.errors import invalid_request
 from ..prompt import content_marks
+from .constraint import Constraint, GrammarRefused
 from .params import SamplingParams
 from .rerank_format import PairVocab
 
@@ -401,26 +401,6 @@ class NoValidToken(RuntimeError):
     """Every token was ruled out (by the grammar): this request cannot go on."""
 
 
-class GrammarTooSlow(RuntimeError):
-    """The grammar's work per token went past its budget: the request stops before it stalls the others."""
-
-
-# A grammar's work per token (checking the sampled token, advancing its parse stacks, and, when the token
-# is rejected, matching every candidate) may take GRAMMAR_ALLOWANCE_S; what it takes beyond adds up, and
-# past GRAMMAR_EXCESS_BUDGET_S the request fails. Every stream of the replica waits for it each step: the
-# static bounds (app/grammar/gbnf_check.py) keep grammars that start slow out, this catches those whose
-# ambiguity grows with the reply ("a"|"aa" repeated: 1.2 s a token after 100 tokens), which no static
-# bound can see. Matching the whole vocabulary against a plain `.*` grammar costs 10-35 ms here.
-GRAMMAR_ALLOWANCE_S = 0.1
-GRAMMAR_EXCESS_BUDGET_S = 1.0
-
-# False: the token sampled without the grammar is checked against it alone, and the grammar is applied to
-# the whole vocabulary only when it is rejected (llama.cpp's common_sampler, llama-server's default). True:
-# the grammar first, over the whole vocabulary, every token. Kept for `python -m bench.structured`'s
-# before/after; read when a SamplerChain is built.
-GRAMMAR_FIRST = False
-
-
 class _Candidates:
     """A reusable llama_token_data_array over the whole vocabulary, filled from a row of logits."""
 
@@ -438,31 +418,31 @@ class _Candidates:
 
 
 class SamplerChain:
-    """A request's private sampler chain (its own RNG seeded from the request's seed)."""
+    """A request's private sampler chain (its own RNG seeded from the request's seed), and its grammar's
+    `constraint` (llguidance), applied to the logits as the first stage: the chain samples from the
+    tokens the grammar allows, as llama.cpp's grammar-first order does, at the cost of one mask."""
 
-    def __init__(self, llama: LlamaModelContext, p: SamplingParams) -> None:
+    def __init__(self, llama: LlamaModelContext, p: SamplingParams, grammar_tokenizer: Any = None) -> None:
         self.llama = llama
         self.params = p
         self._candidates: _Candidates | None = None
-        self.grammar_excess_s = 0.0  # the grammar's time past its allowance, summed over the reply
-        self.grammar_first = GRAMMAR_FIRST
-        self.slow_path_tokens = 0  # tokens the grammar had to be applied to the whole vocabulary for
-        # The grammar is a sampler of its own, outside the chain: the chain samples, the grammar checks.
-        self.grammar: Any = None
-        self._one = (L.llama_token_data * 1)()  # the one candidate a sampled token is checked as
+        self.constraint: Constraint | None = None
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.logit_bias:
             biases = (L.llama_logit_bias * len(p.logit_bias))(*[L.llama_logit_bias(t, b) for t, b in p.logit_bias])
             add(L.llama_sampler_init_logit_bias(L.llama_vocab_n_tokens(llama.vocab), len(p.logit_bias), biases))
         if p.grammar:
-            self.grammar = L.llama_sampler_init_grammar(llama.vocab, p.grammar.encode(), b"root")
-            if not self.grammar:
-                # A malformed grammar is the client's 400, never a crash.
+            try:
+                self.constraint = Constraint(grammar_tokenizer, p.grammar, llama.n_vocab)
+            except GrammarRefused as exc:
+                # A grammar refused against this vocabulary is the client's 400, never a crash.
                 self.free()
-                raise invalid_request("llama.cpp's GBNF parser rejected the grammar: check its syntax, that it "
-                                      "defines `root`, and that repetitions stay within the parser's limits.",
-                                      param="grammar", code="invalid_grammar")
+                if exc.unsatisfiable:
+                    raise invalid_request(f"The request's grammar cannot be satisfied: no token can start the "
+                                          f"reply ({exc}).", param="grammar", code="grammar_unsatisfiable") from None
+                raise invalid_request(f"The grammar cannot be followed with this model's vocabulary: {exc}",
+                                      param="grammar", code="invalid_grammar") from None
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(llama.vocab), p.penalty_last_n,
                                                p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
@@ -479,73 +459,30 @@ class SamplerChain:
             add(L.llama_sampler_init_dist(p.resolved_seed()))
 
     def advance(self, tokens: Sequence[int]) -> bool:
-        """Move the samplers past `tokens` generated earlier under the same grammar (a continued
-        reply): the grammar's state, and the penalties' history. Each token is checked before the grammar
-        takes it, since accepting a token the grammar rejects aborts inside llama.cpp. False if the tokens
-        do not fit the grammar (the sampler is then half-advanced: the caller frees it)."""
+        """Move the samplers past `tokens` generated earlier under the same grammar (a continued reply): the
+        grammar's state, and the penalties' history. False if the tokens do not fit the grammar (nothing
+        is taken then: the caller frees the sampler)."""
+        if self.constraint is not None and not self.constraint.advance(tokens):
+            return False
         for token in tokens:
-            if self.grammar is not None:
-                if not self._allows(token):
-                    return False
-                L.llama_sampler_accept(self.grammar, token)
             L.llama_sampler_accept(self.chain, token)
         return True
 
     def sample(self, batch_index: int) -> int:
-        if self.grammar is None:
+        if self.constraint is None:
             # llama_sampler_sample also accepts the token into every sampler (the penalties' history).
             return int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
-        if self.grammar_first:
-            return self._sample_grammar_first(batch_index)
-        return self._sample_token_first(batch_index)
-
-    # With a grammar, llama_sampler_sample's steps are done here with checks between them: when a grammar
-    # leaves no token (a grammar no token can satisfy), llama_sampler_sample would accept a rejected token,
-    # and llama.cpp throws through its C API: std::terminate, the whole replica gone. Here the request fails
-    # instead. Costs one copy of the logits per token, as llama_sampler_sample's own.
-
-    def _sample_token_first(self, batch_index: int) -> int:
-        """The token the chain samples without the grammar, if the grammar allows it; else the grammar over
-        the whole vocabulary, then the chain again. Greedy picks what grammar-first would (the best token,
-        if allowed, is the best allowed one); the check of one token costs microseconds where matching the
-        vocabulary costs milliseconds, and a model that follows the format is rarely corrected."""
         cur = self._load(batch_index)
-        L.llama_sampler_apply(self.chain, ctypes.byref(cur))
-        token = self._selected(cur)
-        started = time.perf_counter()
-        allowed = token is not None and self._allows(token)
-        grammar_s = time.perf_counter() - started  # the grammar's time only: the chain's is every request's
-        if not allowed:
-            self.slow_path_tokens += 1
-            cur = self._load(batch_index)
-            started = time.perf_counter()
-            L.llama_sampler_apply(self.grammar, ctypes.byref(cur))
-            grammar_s += time.perf_counter() - started
-            L.llama_sampler_apply(self.chain, ctypes.byref(cur))
-            token = self._selected(cur)
-            if token is None:
-                raise NoValidToken("the grammar allows no token at this point of the reply")
-        started = time.perf_counter()
-        L.llama_sampler_accept(self.grammar, token)
-        L.llama_sampler_accept(self.chain, token)
-        self._charge(grammar_s + time.perf_counter() - started)
-        return token
-
-    def _sample_grammar_first(self, batch_index: int) -> int:
-        """The grammar over the whole vocabulary every token, then the chain."""
-        cur = self._load(batch_index)
-        started = time.perf_counter()
-        L.llama_sampler_apply(self.grammar, ctypes.byref(cur))
-        grammar_s = time.perf_counter() - started
-        self.slow_path_tokens += 1
+        assert self._candidates is not None
+        if not self.constraint.restrict(self._candidates.view["logit"]):
+            raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
         L.llama_sampler_apply(self.chain, ctypes.byref(cur))
         token = self._selected(cur)
         if token is None:
             raise NoValidToken("the grammar allows no token at this point of the reply")
-        started = time.perf_counter()
-        L.llama_sampler_accept(self.grammar, token)
+        if not self.llama.is_eog(token):  # an end of generation ends the sequence: nothing follows it
+            self.constraint.take(token)
         L.llama_sampler_accept(self.chain, token)
-        self._charge(grammar_s + time.perf_counter() - started)
         return token
 
     def _load(self, batch_index: int) -> Any:
@@ -561,25 +498,8 @@ class SamplerChain:
             return None
         return int(cur.data[chosen].id)
 
-    def _allows(self, token: int) -> bool:
-        """Whether the grammar, in its present state, allows `token` next (its state unchanged)."""
-        one = self._one
-        one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
-        arr = L.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
-        L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
-        return one[0].logit != float("-inf")
-
-    def _charge(self, spent_s: float) -> None:
-        self.grammar_excess_s += max(0.0, spent_s - GRAMMAR_ALLOWANCE_S)
-        if self.grammar_excess_s > GRAMMAR_EXCESS_BUDGET_S:
-            raise GrammarTooSlow(f"matching the grammar took {spent_s * 1000:.0f} ms for the last token, and "
-                                 f"{self.grammar_excess_s:.1f} s past {GRAMMAR_ALLOWANCE_S * 1000:.0f} ms a token "
-                                 f"over the reply")
-
     def free(self) -> None:
         if self.chain:
             L.llama_sampler_free(self.chain)
             self.chain = None
-        if self.grammar:
-            L.llama_sampler_free(self.grammar)
-            self.grammar = None
+        self.constraint = None

@@ -1,2 +1,2 @@
-"""Grammars a request may carry: JSON schema -> GBNF (bounded), and client GBNF read as llama.cpp reads it,
-then measured against the limits."""
+"""Grammars a request may carry, as llguidance grammars: JSON schemas (bounded by our limits), forced tool
+calls, clients' GBNF through llguidance's converter."""

@@ -1,33 +1,42 @@
-"""GBNF grammars from JSON schemas, for forced tool calls and `response_format`, made by our
-own converter (`json_schema_grammar`), which bounds the work a hostile schema can cause. A
-schema the converter refuses is the client's 400, found here, before any model sees it."""
+"""The grammars a request asks for, as llguidance grammars: `response_format` schemas, a forced tool call
+in its parser's syntax, a client's GBNF. What is refused is the client's 400 naming the field, found here,
+before any model sees it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..api.errors import invalid_request
-from .json_schema_grammar import DEFAULT_LIMITS, GrammarLimits, SchemaError, gbnf_literal, schema_to_rules
+from .llguidance_grammars import GrammarError, check, from_gbnf, from_json_schema, from_lark, lark_json, lark_literal
+from .schema_limits import DEFAULT_LIMITS, GrammarLimits, SchemaError, check_schema
 
-__all__ = ["GrammarLimits", "SchemaError", "json_grammar", "literal", "schema_rules", "tool_call_schema"]
+__all__ = ["GrammarLimits", "SchemaError", "check_tool_schema", "client_grammar", "forced_call_grammar",
+           "json_grammar", "tool_call_schema"]
 
-# name before arguments, so models write the function name first
-PROP_ORDER = {"name": 0, "arguments": 1, "parameters": 1}
+# What wraps a forced call in each tool parser's syntax.
+CALL_WRAPPERS = {
+    "llama3_json": ("", ""),
+    "mistral": ("[TOOL_CALLS][", "]"),
+}
+HERMES_WRAPPER = ("<tool_call>\n", "\n</tool_call>")
 
 
-def schema_rules(schema: dict[str, Any], rule: str, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
-    """GBNF rules defining `rule` as JSON matching `schema` (no root rule). SchemaError when
-    the schema is refused or goes over `limits`."""
-    return schema_to_rules(schema, rule, limits, PROP_ORDER)
-
-
-def json_grammar(schema: dict[str, Any], param: str, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+def json_grammar(schema: Any, param: str, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+    """The grammar of JSON valid against `schema` (the request's `param`)."""
     try:
-        rules = schema_rules(schema, "json-value", limits)
-    except SchemaError as exc:
+        check_schema(schema, limits)
+        grammar = from_json_schema(schema)
+        check(grammar)
+    except (SchemaError, GrammarError) as exc:
         raise invalid_request(f"The JSON schema cannot be turned into a grammar: {exc}", param=param,
                               code="invalid_schema") from None
-    return rules + "\nroot ::= json-value\n"
+    return grammar
+
+
+def check_tool_schema(schema: Any, limits: GrammarLimits) -> None:
+    """SchemaError (or GrammarError) when a tool's parameters could not be forced."""
+    check_schema(schema, limits)
+    check(from_json_schema(schema))
 
 
 def tool_call_schema(name: str, parameters: dict[str, Any] | None, args_key: str = "arguments") -> dict[str, Any]:
@@ -43,6 +52,19 @@ def tool_call_schema(name: str, parameters: dict[str, Any] | None, args_key: str
     }
 
 
-def literal(text: str) -> str:
-    """A GBNF string literal."""
-    return gbnf_literal(text)
+def forced_call_grammar(parser: str, calls: list[dict[str, Any]]) -> str:
+    """One call, any of `calls` (tool_call_schema's), in `parser`'s syntax."""
+    opening, closing = CALL_WRAPPERS.get(parser, HERMES_WRAPPER)
+    lines = [f"start: {lark_literal(opening) if opening else ''} call {lark_literal(closing) if closing else ''}",
+             "call: " + " | ".join(f"call{i}" for i in range(len(calls)))]
+    lines += [f"call{i}: {lark_json(c)}" for i, c in enumerate(calls)]
+    grammar = from_lark("\n".join(lines) + "\n")
+    check(grammar)
+    return grammar
+
+
+def client_grammar(gbnf: str, param: str, max_depth: int, max_repetition: int) -> str:
+    try:
+        return from_gbnf(gbnf, max_depth, max_repetition)
+    except GrammarError as exc:
+        raise invalid_request(exc.message, param=param, code=exc.code) from None

@@ -15,7 +15,9 @@ from typing import Any
 from .chat_template import content_text
 from ..api import strict_json
 from ..api.errors import invalid_request
-from ..grammar.request_grammars import GrammarLimits, SchemaError, literal, schema_rules, tool_call_schema
+from ..grammar.llguidance_grammars import GrammarError
+from ..grammar.request_grammars import (GrammarLimits, SchemaError, check_tool_schema, forced_call_grammar,
+                                      tool_call_schema)
 from ..parsers import (
     REASONING_PARSERS, TOOL_PARSERS, detect_reasoning_parser, detect_tool_parser, template_starts_in_reasoning,
 )
@@ -55,16 +57,7 @@ class ToolPlan:
     template_tools: list[dict[str, Any]] | None   # passed to the chat template
     messages: list[dict[str, Any]]                # possibly rewritten for the fallback format
     parser: str | None                            # tool parser for the reply (None: no tool parsing)
-    grammar: str | None                           # forces a call (required / named)
-
-
-def _wrap(parser: str, call_rule: str) -> str:
-    """Root rule putting one call in the parser's own syntax."""
-    if parser == "llama3_json":
-        return f"root ::= {call_rule}"
-    if parser == "mistral":
-        return f'root ::= {literal("[TOOL_CALLS][")} {call_rule} {literal("]")}'
-    return f'root ::= {literal("<tool_call>" + chr(10))} {call_rule} {literal(chr(10) + "</tool_call>")}'
+    grammar: str | None                           # forces a call (required / named): llguidance's
 
 
 def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[str, dict[str, Any]]:
@@ -82,8 +75,8 @@ def validate_tools(req: ChatCompletionRequest, limits: GrammarLimits) -> dict[st
         if fn.name in tools:
             raise invalid_request(f"Duplicate function name `{fn.name}`.", param=f"tools[{i}].function.name")
         try:
-            schema_rules(params, "args", limits)
-        except SchemaError as exc:
+            check_tool_schema(params, limits)
+        except (SchemaError, GrammarError) as exc:
             raise invalid_request(f"The parameters schema of `{fn.name}` is not supported: {exc}", param=where,
                                   code="invalid_function_parameters") from None
         tools[fn.name] = params
@@ -118,10 +111,9 @@ def plan_tools(fmt: ReplyFormat, req: ChatCompletionRequest, messages: list[dict
     grammar = None
     if forced:
         args_key = "parameters" if parser == "llama3_json" else "arguments"
-        schema = {"anyOf": [tool_call_schema(n, tools[n], args_key) for n in forced]}
         try:
-            grammar = schema_rules(schema, "call", limits) + "\n" + _wrap(parser, "call") + "\n"
-        except SchemaError as exc:  # each tool fits alone; all of them together may not
+            grammar = forced_call_grammar(parser, [tool_call_schema(n, tools[n], args_key) for n in forced])
+        except GrammarError as exc:  # each tool fits alone; all of them together may not
             raise invalid_request(f"The tools' parameter schemas together are too large to force a call: {exc}",
                                   param="tools", code="invalid_function_parameters") from None
 

@@ -23,6 +23,7 @@ from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.prompt.tool_calling import resolve_reply_format
 from tests.support.events import EventBox, run_until_idle, wait_idle
+from tests.support.grammars import gbnf
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -157,7 +158,7 @@ def test_engine_continues_after_the_given_ids_reusing_their_kv(engine, bundled_s
 
 
 def test_a_grammar_resumes_after_the_given_ids(engine):
-    grammar = 'root ::= "[" [0-9]{3} "-" [0-9]{3} "]"'
+    grammar = gbnf('root ::= "[" [0-9]{3} "-" [0-9]{3} "]"')
 
     def run(**fields) -> EventBox:
         box = EventBox()

@@ -26,6 +26,7 @@ from app.observe.request_records import RequestRecord
 from app.prompt.tokens import TokenService
 from app.prompt.tool_calling import resolve_reply_format
 from tests.support.openapi_spec import assert_valid_completion
+from tests.support.grammars import gbnf
 
 MODEL = "m"
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -155,7 +156,7 @@ def test_request_fields_reach_the_generation(service, model):
     assert gen.max_tokens == 3 and gen.stop == ["x"]
     s = gen.sampling
     assert (s.seed, s.temperature, s.top_k, s.min_p, s.repeat_penalty) == (4, 0, 3, 0.1, 1.1)
-    assert s.logit_bias == [(7, 5.0)] and s.grammar == 'root ::= "a"'
+    assert s.logit_bias == [(7, 5.0)] and s.grammar == gbnf('root ::= "a"')
 
 
 def test_prompt_is_taken_as_is_but_never_carries_content_marks(service, model):

@@ -24,12 +24,13 @@ from app.engine.events import Event, Failed, Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.api.errors import APIError
 from tests.support.events import assert_same_distribution, run_until_idle as run
+from tests.support.grammars import gbnf
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).
 pytestmark = pytest.mark.timeout(300)
 
 GREEDY = {"temperature": 0.0}
-THINK_GRAMMAR = 'root ::= "<think>" [a-z ]{1,40} "</think>" [a-z ]{1,40}'
+THINK_GRAMMAR = gbnf('root ::= "<think>" [a-z ]{1,40} "</think>" [a-z ]{1,40}')
 
 
 @dataclass
@@ -445,8 +446,8 @@ def test_a_grammar_no_token_satisfies_fails_the_request_not_the_engine(engine, s
     # the check, llama.cpp throws through its C API (std::terminate) and the replica dies.
     with pytest.raises(APIError) as err:
         run(engine, generate(engine, request(short, max_tokens=4, temperature=temperature,
-                                             grammar="root ::= [^\\x00-\\U0010FFFF]")))
+                                             grammar=gbnf("root ::= [^\\x00-\\U0010FFFF]"))))
     assert err.value.status == 400 and err.value.code == "grammar_unsatisfiable"
     ok = run(engine, generate(engine, request(short, max_tokens=8, temperature=temperature,
-                                              grammar='root ::= "yes" | "no"')))
+                                              grammar=gbnf('root ::= "yes" | "no"'))))
     assert ok.text in ("yes", "no") and ok.end.finish_reason == "stop"

@@ -20,10 +20,11 @@ from app.engine.events import Finished
 from app.engine.stream import generate_stream
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
+from tests.support.grammars import gbnf
 
 pytestmark = pytest.mark.timeout(300)
 
-GRAMMAR = 'root ::= "yes" | "no"'
+GRAMMAR = gbnf('root ::= "yes" | "no"')
 
 
 def _prompt(spec, text: str) -> str:
@@ -62,9 +63,9 @@ def test_sampler_chains_are_built_in_prepare_never_on_the_decode_thread(engine, 
     built_on = []
     real = engine_mod.SamplerChain
 
-    def recording(llama, params):
+    def recording(llama, params, *grammar_tokenizer):
         built_on.append(threading.current_thread().name)
-        return real(llama, params)
+        return real(llama, params, *grammar_tokenizer)
 
     monkeypatch.setattr(engine_mod, "SamplerChain", recording)
     box = EventBox(3)

@@ -13,9 +13,10 @@ from app.engine.params import GenerationRequest, SamplingParams
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
 from tests.support.events import run_until_idle
+from tests.support.grammars import gbnf
 
 # Letters only, more than the generations below may spell: each is cut at max_tokens.
-LONG = "root ::= [a-z ]{200,220}"
+LONG = gbnf("root ::= [a-z ]{200,220}")
 
 
 async def timed(engine, request: GenerationRequest) -> Timeline:

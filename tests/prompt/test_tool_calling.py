@@ -11,6 +11,8 @@ from app.api.schemas import parse_chat_request
 from app.chat.plan import format_grammar
 from app.parsers import ReplyParser
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
+from tests.support.grammars import gbnf
+from app.config.settings import Limits
 
 QWEN_LIKE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
              "Call with <tool_call></tool_call>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -61,8 +63,8 @@ def test_fallback_prompt_describes_tools_and_rewrites_history():
     assert plan.messages[2] == {"role": "assistant", "content":
                                 '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
     assert plan.messages[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
-    assert plan.grammar.rstrip().endswith('root ::= "<tool_call>\\n" call "\\n</tool_call>"')
-    assert '"\\"get_weather\\""' in plan.grammar
+    assert 'start: "<tool_call>\\n" call "\\n</tool_call>"' in plan.grammar  # Lark, with the call as %json
+    assert '"const": "get_weather"' in plan.grammar
 
 
 def test_tool_choice_none_keeps_tools_out():
@@ -86,14 +88,15 @@ def test_invalid_tools(kw, param):
 
 
 def test_format_grammar_choices():
-    assert format_grammar(req()) is None
-    assert format_grammar(req(grammar='root ::= "x"')) == 'root ::= "x"'
-    assert "root ::= json-value" in format_grammar(req(response_format={"type": "json_object"}))
+    limits = Limits()
+    assert format_grammar(req(), limits) is None
+    assert format_grammar(req(grammar='root ::= "x"'), limits) == gbnf('root ::= "x"')
+    assert '"json_schema":{"type":"object"' in format_grammar(req(response_format={"type": "json_object"}), limits)
     with pytest.raises(APIError) as info:
-        format_grammar(req(grammar='root ::= "x"', response_format={"type": "json_object"}))
+        format_grammar(req(grammar='root ::= "x"', response_format={"type": "json_object"}), limits)
     assert info.value.param == "grammar"
     with pytest.raises(APIError) as info:
-        format_grammar(req(response_format={"type": "json_schema", "json_schema": {"name": "x"}}))
+        format_grammar(req(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), limits)
     assert info.value.param == "response_format.json_schema"
 
 

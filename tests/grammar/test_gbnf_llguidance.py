@@ -1,28 +1,30 @@
-"""Every grammar the checker accepts, llama.cpp builds within a memory and time budget.
+"""Every client GBNF grammar we accept, llguidance builds a matcher for and computes a mask with.
 
 Random grammars (repetitions with small, large, huge and reversed bounds, stacked; nested groups;
 literals short and long, with escapes; character classes; `.`; tokens; alternates; rules calling
-each other, left-recursively too) go through `check_gbnf`; each one it accepts is built by llama.cpp
-(`llama_sampler_init_grammar` and one `llama_sampler_apply` over the vocabulary of the bundled model)
-in a child process whose address space is capped at its size + 512 MiB. llama.cpp refusing a grammar
-is fine; the child dying, growing its peak memory past 256 MiB, or taking longer than the time budget
-is a failure. One child serves all examples; it is restarted after a failure.
+each other, left-recursively too) go through `client_gbnf` (our limits, then llguidance's converter and
+compile); each one accepted becomes a matcher on the bundled model's vocabulary, which computes the first
+token's mask. A refusal is a 400 naming `grammar`; a crash, an exception or a mask past the (generous)
+budget is a failure.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.api.errors import APIError
-from app.grammar.gbnf_check import GBNFLimits, check_gbnf
-from tests.support.grammar_probe import GrammarProbe
+from app.chat.plan import client_gbnf
+from app.config.settings import Limits
+from app.engine.constraint import Constraint, GrammarRefused, grammar_tokenizer
+from app.engine.llama import LlamaModelContext
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
-PEAK_MIB = 256
-TIME_BUDGET_S = 10.0  # init + one apply; the machine is shared, the pathological cases take minutes
+TIME_BUDGET_S = 10.0  # compile + one mask, on a shared machine; llguidance's own limits keep it far lower
 
 RULES = ("root", "r1", "r2")
 CLASSES = ("[a-z]", "[^a-z]", "[ \\t\\n]", "[0-9a-fA-F]", "[^\"\\\\]", "[\\x00-\\x1F]", "[-a]", "[a-]", "[]", "[^]",
@@ -105,21 +107,26 @@ def grammars(draw) -> str:
 
 
 @pytest.fixture(scope="module")
-def probe():
-    child = GrammarProbe(headroom_mib=512, peak_mib=PEAK_MIB, timeout_s=TIME_BUDGET_S)
-    child.start()
-    yield child
-    child.close()
+def vocab(bundled_spec):
+    llama = LlamaModelContext(bundled_spec.path, n_ctx_per_seq=64, n_seq_max=1, n_batch=64, n_threads=1,
+                              n_threads_batch=1, n_gpu_layers=0, kv_unified=True)
+    yield grammar_tokenizer(llama.vocab), llama.n_vocab
+    llama.close()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(grammar=grammars())
-def test_llama_cpp_builds_every_grammar_the_checker_accepts(probe, grammar):
+def test_llguidance_builds_every_grammar_we_accept(vocab, grammar):
+    tokenizer, n_vocab = vocab
+    started = time.monotonic()
     try:
-        check_gbnf(grammar, GBNFLimits())
+        converted = client_gbnf(grammar, Limits())
     except APIError as exc:
         assert exc.status == 400 and exc.param == "grammar" and exc.code, exc
         return
-    result = probe.probe(grammar)
-    assert result.failure is None, f"llama.cpp failed on an accepted grammar: {result.failure}\n{grammar[:500]}"
+    try:
+        Constraint(tokenizer, converted, n_vocab)  # compiles and computes the first mask
+    except GrammarRefused as exc:  # the engine's 400: no token can start it (`root ::= root`)
+        assert exc.unsatisfiable, exc
+    assert time.monotonic() - started < TIME_BUDGET_S, grammar[:500]

@@ -1,0 +1,131 @@
+"""Constrained decoding with llguidance: one matcher per sequence, its token mask computed beside the decode.
+
+A sequence's mask for its next token depends only on the tokens it has taken, all known before the step's
+decode starts; `MaskWorker` computes the stale masks of the step's constrained sequences on a thread of its
+own while llama_decode runs (llguidance and llama.cpp both release the GIL), so the sampler applies a mask
+that is already there. Unconstrained sequences never touch this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import llama_cpp as L
+import numpy as np
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance.llamacpp import lltokenizer_from_vocab
+
+log = logging.getLogger("llamaray.constraint")
+
+
+def parser_limits() -> LLParserLimits:
+    """llguidance's bounds on a grammar's compile (lexer fuel ~50k/ms: ~20 ms) and on each token's mask
+    (~15 ms of lexer and Earley work at most, usually microseconds: every stream of the replica waits for
+    it); verbose errors off, so a refusal quotes the grammar's line, not the parser's state."""
+    return LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
+                          max_grammar_size=500_000, verbose_errors=False)
+
+
+def grammar_tokenizer(vocab: Any) -> LLTokenizer:
+    """llguidance's view of a model's vocabulary (~0.3 s for 49k tokens: built once per model). Every
+    end-of-generation token ends a finished grammar, as llama.cpp's own grammar sampler allows."""
+    n_vocab = int(L.llama_vocab_n_tokens(vocab))
+    eog = [t for t in range(n_vocab) if L.llama_vocab_is_eog(vocab, t)] or [int(L.llama_vocab_eos(vocab))]
+    return lltokenizer_from_vocab(vocab, eos_token=eog)
+
+
+class GrammarRefused(ValueError):
+    """llguidance refused the grammar against this vocabulary; `unsatisfiable`: it compiled, but no token
+    can start a reply."""
+
+    def __init__(self, message: str, unsatisfiable: bool = False) -> None:
+        super().__init__(message.replace("<non-verbose/>", "").strip())
+        self.unsatisfiable = unsatisfiable
+
+
+class Constraint:
+    """One sequence's grammar: its matcher, and the mask of the tokens allowed next (`fresh` while it
+    describes the matcher's present state)."""
+
+    def __init__(self, tokenizer: LLTokenizer, grammar: str, n_vocab: int) -> None:
+        self.matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+        if self.matcher.is_error():
+            raise GrammarRefused(self.matcher.get_error())
+        self.n_vocab = n_vocab
+        self.mask = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        # The first mask now, on the preparing thread: it builds the lexer's first states (the costly
+        # part of a large grammar), and a grammar llguidance gives up on is refused before it is queued.
+        self.fill()
+        if self.matcher.is_error():
+            raise GrammarRefused(self.matcher.get_error(), unsatisfiable=True)
+
+    def advance(self, tokens: Sequence[int]) -> bool:
+        """Take `tokens` (a continued reply) if the grammar allows all of them; False (nothing taken) if not."""
+        tokens = list(tokens)
+        if not tokens:
+            return True
+        if self.matcher.validate_tokens(tokens) < len(tokens):
+            return False
+        self.fresh = False
+        return self.matcher.consume_tokens(tokens)
+
+    def fill(self) -> None:
+        """The mask for the matcher's present state (all zeros if the matcher is in error)."""
+        self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        self.fresh = True
+
+    def restrict(self, logits: np.ndarray) -> bool:
+        """Rule out of `logits` (n_vocab floats, in place) every token the grammar does not allow next;
+        False when it allows none."""
+        if not self.fresh:
+            self.fill()
+        if self.matcher.is_error():  # its mask then holds only the ends of generation: not a reply
+            return False
+        allowed = np.unpackbits(self.mask.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
+        np.copyto(logits, -np.inf, where=~allowed)
+        return bool(allowed.any())
+
+    def take(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise ValueError(self.matcher.get_error() or f"the grammar does not allow token {token}")
+        self.fresh = False
+
+    def error(self) -> str:
+        return self.matcher.get_error().replace("<non-verbose/>", "").strip()
+
+
+class MaskWorker:
+    """Computes stale masks on its own thread, beside the step's decode."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, constraints: Sequence[Constraint]) -> Future[None] | None:
+        stale = [c for c in constraints if not c.fresh]
+        if not stale:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="llamaray-masks")
+        return self._pool.submit(_fill_all, stale)
+
+    @staticmethod
+    def wait(pending: Future[None] | None) -> None:
+        """Until the masks are there; a failure is left to the sampler (it fills a stale mask itself)."""
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception:  # noqa: BLE001
+                log.exception("computing token masks failed; the samplers compute theirs")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _fill_all(constraints: list[Constraint]) -> None:
+    for c in constraints:
+        c.fill()
