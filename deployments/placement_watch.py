@@ -1,5 +1,6 @@
 """The Ray facts about where model replicas run, for the graph's Ingress: each model deployment's
-per-replica request and running replicas (from Serve's controller), the alive nodes' total resources,
+per-replica request, running replicas and replicas still waiting for resources (from Serve's controller),
+the alive nodes' total and free resources,
 whether an autoscaler can add nodes (the placement watch), and each model's state for /health. The
 decisions and their wording are plain Python in app/ops/placement.py."""
 
@@ -19,7 +20,7 @@ from ray.serve.context import _get_global_client
 
 from app.api.errors import service_unavailable
 from app.config.settings import ModelSpec, deployment_name
-from app.ops.placement import fits, unplaceable_message
+from app.ops.placement import fits, unplaceable_message, waiting_message
 from app.serving.models import LOADING, READY, ModelState
 
 from . import model_status
@@ -51,8 +52,16 @@ def node_resources() -> list[dict[str, float]]:
     return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
 
 
-def deployment_placement(app_name: str, names: list[str]) -> dict[str, tuple[dict[str, float], int]]:
-    """Per deployment: the resources one replica reserves, and how many replicas run."""
+def free_resources() -> list[dict[str, float]]:
+    """Resources no actor or task holds now, per alive node."""
+    from ray._private.state import available_resources_per_node
+
+    return [{k: float(v) for k, v in res.items()} for res in available_resources_per_node().values()]
+
+
+def deployment_placement(app_name: str, names: list[str]) -> dict[str, tuple[dict[str, float], int, int]]:
+    """Per deployment: the resources one replica reserves, how many replicas run, and how many wait for Ray
+    to give them a node (starting, with no node yet: a placed replica that is still loading has one)."""
     details = _get_global_client().get_serve_details()
     app = (details.get("applications") or {}).get(app_name) or {}
     out = {}
@@ -61,21 +70,26 @@ def deployment_placement(app_name: str, names: list[str]) -> dict[str, tuple[dic
         if dep is None:
             continue
         request = {k: float(v) for k, v in (dep.get("required_resources") or {}).items() if float(v) > 0}
-        running = sum(1 for r in dep.get("replicas") or [] if _running(r.get("state")))
-        out[name] = (request, running)
+        replicas = dep.get("replicas") or []
+        running = sum(1 for r in replicas if _running(r.get("state")))
+        waiting = sum(1 for r in replicas if _starting(r.get("state")) and not r.get("node_id"))
+        out[name] = (request, running, waiting)
     return out
 
 
 class PlacementWatch:
     """Every few seconds while a model deployment has no running replica: can any node hold one? If not,
     and no autoscaler can add such a node, say why once in the log, refuse the model's requests at once
-    (instead of queueing them until their deadline) and give the reason to /health."""
+    (instead of queueing them until their deadline) and give the reason to /health. The same when nodes could
+    hold one but the other replicas hold what it needs (a config larger than the cluster): its replica has
+    waited for a node over two checks and no node has its request free."""
 
     def __init__(self, app_name: str, specs: list[ModelSpec]) -> None:
         self.app_name = app_name
         self.names = {deployment_name(spec.id): spec.id for spec in specs}
         self.unplaced: dict[str, str] = {}  # model id -> why
         self._said: set[str] = set()
+        self._short: set[str] = set()  # waiting, with no node that has its request free, at the last check
         self.checks = 0  # completed checks (tests wait for more, rather than for a fixed time)
         threading.Thread(target=self._watch, name="llamaray-placement", daemon=True).start()
 
@@ -93,14 +107,20 @@ class PlacementWatch:
             time.sleep(5 if waiting else 30)
 
     def _check(self) -> bool:
-        pending = {n: req for n, (req, running) in deployment_placement(self.app_name, list(self.names)).items()
-                   if running == 0}
+        placement = deployment_placement(self.app_name, list(self.names))
+        pending = {n: (req, waiting) for n, (req, running, waiting) in placement.items() if running == 0}
         unplaced: dict[str, str] = {}
+        short: set[str] = set()
         if pending:
             nodes, can_add = node_resources(), autoscaler_can_add_nodes()
-            for name, request in pending.items():
+            free = free_resources() if not can_add else []
+            for name, (request, waiting) in pending.items():
                 model_id = self.names[name]
                 why = None if can_add else unplaceable_message(model_id, name, request, nodes)
+                if why is None and not can_add and waiting and not any(fits(request, n) for n in free):
+                    short.add(name)  # said only when still so at the next check: resources may be on their way back
+                    if name in self._short:
+                        why = waiting_message(model_id, name, request, nodes, free)
                 if why is not None:
                     unplaced[model_id] = why
                     if model_id not in self._said:
@@ -111,6 +131,7 @@ class PlacementWatch:
                 else:
                     continue
                 self._said.add(model_id)
+        self._short = short
         self.unplaced = unplaced
         self.checks += 1
         return bool(pending)
@@ -149,3 +170,7 @@ def cluster_model_states(app_name: str, specs: list[ModelSpec], unplaced: dict[s
 
 def _running(state: Any) -> bool:
     return str(state) in ("RUNNING", "ReplicaState.RUNNING")
+
+
+def _starting(state: Any) -> bool:
+    return str(state) in ("STARTING", "ReplicaState.STARTING")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from .config_check import check_config
+from .capacity import Capacity, cluster_capacity, local_node
+from .config_check import LOOPBACK, check_config
 from .config_overlay import merge, without_unused_deployments
 from .ray_env import http_endpoint, local_ray_env, proxy_aside, wait_for_port
 from .kuberay import DEFAULT_IMAGE, dump_manifest, rayservice_manifest
@@ -36,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate every application's args and deployments")
     check.add_argument("config", type=Path)
     check.add_argument("--cluster", type=Path, help="a Ray cluster launcher file: check that each deployment's "
-                                                    "replica fits one of its node types")
+                                                    "replica fits one of its node types, and that all of them at "
+                                                    "their fewest replicas fit the cluster at its largest")
+    check.add_argument("--capacity", choices=("auto", "local", "none"), default="auto",
+                       help="what the deployments at their fewest replicas must fit together: local = this "
+                            "machine as one Ray node; auto (default) = the --cluster file when given, else this "
+                            "machine when the config serves on 127.0.0.1 (it runs here); none = no sum")
     ns = parser.parse_args(argv)
 
     if ns.cmd == "serve-local":
@@ -59,13 +65,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     cluster = (yaml.safe_load(ns.cluster.read_text()) or {}) if ns.cluster else None
+    config = yaml.safe_load(ns.config.read_text()) or {}
     notes: list[str] = []
-    problems = check_config(yaml.safe_load(ns.config.read_text()) or {}, cluster, notes)
+    problems = check_config(config, cluster, notes, capacity_for(ns.capacity, config, cluster))
     for line in notes:
         print(f"llamaray: {line}")
     for line in problems:
         print(f"llamaray: config error: {line}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def capacity_for(choice: str, config: dict, cluster: dict | None) -> Capacity | None:
+    """What the sum of the deployments is checked against: the cluster file when given (auto), this machine
+    when asked or when the config serves only on loopback (so it runs here), else nothing."""
+    if choice == "none":
+        return None
+    if choice == "auto" and cluster is not None:
+        return cluster_capacity(cluster)
+    host = str((config.get("http_options") or {}).get("host", "127.0.0.1"))
+    if choice == "local" or host in LOOPBACK:
+        return local_node()
+    return None
 
 
 def serve_local(config_path: Path, *, dry_run: bool = False) -> int:

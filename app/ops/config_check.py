@@ -5,8 +5,10 @@ model comes from and whether a remote GGUF's header was readable goes to `notes`
 `deployments:` block against the models (a name that matches none; a model that offloads layers to a GPU
 its deployment does not reserve, or reserves a GPU it keeps no layer on; more ongoing requests than the
 model has slots; a `num_replicas` that the builder's autoscaling default overrides; a `request_router_config`
-that drops the prefix-aware router without saying so); and, given a cluster
-launcher file, whether one replica of each deployment fits at least one of its node types.
+that drops the prefix-aware router without saying so); given a cluster launcher file, whether one replica
+of each deployment fits at least one of its node types; and, given a capacity (the local node, or the cluster
+file at its largest), whether every application's deployments at their fewest replicas fit it together
+(app/ops/capacity.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..config.settings import (
     resolve_model,
 )
 from ..model_sources.redact import redacted
+from .capacity import Ask, Capacity, capacity_problems, fewest_replicas, model_memory
 from .placement import (
     CORE_DEPLOYMENTS,
     PREFIX_ROUTER_CLASS,
@@ -40,20 +43,25 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None,
-                 notes: list[str] | None = None) -> list[str]:
-    """The problems, one line each; `notes` (when given) gets one line per model saying where it comes from."""
+                 notes: list[str] | None = None, capacity: Capacity | None = None) -> list[str]:
+    """The problems, one line each; `notes` (when given) gets one line per model saying where it comes from.
+    With `capacity`, the sum of what every application asks at its fewest replicas must fit it."""
     problems = []
+    asks: list[Ask] = []
+    weights: dict[str, int] = {}
     host = str((config.get("http_options") or {}).get("host", "127.0.0.1"))  # Serve's default: loopback
     for app in config.get("applications") or []:
         name = app.get("name", "?")
         app_notes: list[str] = []
-        problems += [f"{name}: {line}" for line in check_application(app, cluster, app_notes)]
+        problems += [f"{name}: {line}" for line in check_application(app, cluster, app_notes, asks, weights)]
         if notes is not None:
             notes += [f"{name}: {line}" for line in app_notes]
         if host not in LOOPBACK and not _requires_keys(app):
             problems.append(f"{name}: serves on {host} (beyond this machine) without `auth.required: true`: "
                             f"anyone who reaches the port could use the models; require keys (and give the "
                             f"replicas LLAMARAY_API_KEYS), or bind 127.0.0.1")
+    if capacity is not None:
+        problems += capacity_problems(asks, weights, capacity)
     return problems
 
 
@@ -79,12 +87,16 @@ def _requires_keys(app: dict[str, Any]) -> bool:
 
 
 def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None,
-                      notes: list[str] | None = None) -> list[str]:
+                      notes: list[str] | None = None, asks: list[Ask] | None = None,
+                      weights: dict[str, int] | None = None) -> list[str]:
+    """The application's problems; `asks` and `weights` (when given) get what its deployments ask of a
+    cluster at their fewest replicas, and the size of each model file it runs on the host."""
     try:
         args = parse_args(app.get("args"))
     except ConfigError as exc:
         return [str(exc)]  # without valid args there are no models to check the deployments against
     problems = []
+    specs: dict[str, ModelSpec] = {}
     for model in args.models:
         try:
             spec = resolve_model(model, args.model_cache)
@@ -92,6 +104,7 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         except ConfigError as exc:
             problems.append(str(exc))
             continue
+        specs[model.id] = spec
         if notes is not None:
             notes.append(source_note(model, spec))
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
@@ -116,7 +129,33 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
             problems += _model_problems(name, model, options[name], blocks.get(name) or {})
     if cluster is not None:
         problems += fit_problems(options, cluster)
+    if asks is not None:
+        asks += _asks(options, args.models, specs, single, weights if weights is not None else {})
     return problems
+
+
+def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: dict[str, ModelSpec],
+          single: bool, weights: dict[str, int]) -> list[Ask]:
+    """Each deployment's fewest replicas and one replica's request, with the host memory of the models it
+    runs (the KV cache per replica; the weights go to `weights`, once per file) unless its
+    ray_actor_options reserve memory themselves."""
+    out = {name: Ask(name, fewest_replicas(opts), replica_request(opts)) for name, opts in options.items()}
+    for name, opts in options.items():
+        reserved = float((opts.get("ray_actor_options") or {}).get("memory") or 0)
+        if reserved:
+            out[name].request["memory"] = reserved
+    for model in models:
+        host = "Ingress" if single else deployment_name(model.id)
+        spec, ask = specs.get(model.id), out.get(host)
+        if spec is None or ask is None:
+            continue
+        weight, kv, why = model_memory(spec, model, ask.request)
+        if weight:
+            weights[spec.path] = weight
+        if kv and "memory" not in (options[host].get("ray_actor_options") or {}):
+            ask.request["memory"] = ask.request.get("memory", 0.0) + kv
+        ask.memory_note = ask.memory_note or why
+    return list(out.values())
 
 
 def _gpu_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:

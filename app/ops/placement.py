@@ -13,9 +13,13 @@ from typing import Any
 from ..config.settings import ModelConfig
 from ..routing.prefix_routing import max_chars_for
 
-# Code defaults of the two CPU deployments (their @serve.deployment decorators use these).
-INGRESS_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0.1}, "max_ongoing_requests": 256}
-CHAT_PROCESSOR_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0.1}, "max_ongoing_requests": 256}
+# Code defaults of the two CPU deployments (their @serve.deployment decorators use these). The front door
+# reserves no CPU, as Serve's own proxy and controller: Ray Serve starts every deployment's replicas together
+# (models first: a graph's leaves are deployed before its root), so on a node the models fill, any CPU the
+# front door asked for could be taken first and leave /health and every model unreachable. A 0-CPU actor
+# is placed on any live node. Its real use (docs/benchmarks.md) is sized by leaving CPUs free.
+INGRESS_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": 256}
+CHAT_PROCESSOR_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": 256}
 CORE_DEPLOYMENTS = {"Ingress": INGRESS_DEFAULTS, "ChatProcessor": CHAT_PROCESSOR_DEFAULTS}
 
 # A model deployment without its own block scales between 1 and this many replicas.
@@ -124,3 +128,18 @@ def unplaceable_message(model_id: str, deployment: str, request: dict[str, float
             f"this Ray cluster ({len(nodes)} node{'s' if len(nodes) != 1 else ''}) has {missing(request, nodes)}, "
             f"and no autoscaler can add one. On a cluster, add a node type that has it (cluster.yaml); "
             f"{LOCAL_HINT}")
+
+
+def waiting_message(model_id: str, deployment: str, request: dict[str, float], nodes: list[dict[str, float]],
+                    free: list[dict[str, float]]) -> str:
+    """Why `deployment`'s replica waits: some node could hold it (`nodes`, their totals) but none has its
+    request free (`free`): the other replicas hold it, and no autoscaler can add a node."""
+    asks = ", ".join(f"{k}: {_fmt(v)}" for k, v in request.items())
+    short = [f"{k} {_fmt(v)} (the most free on a node: {_fmt(max((n.get(k, 0) for n in free), default=0))} of "
+             f"{_fmt(max((n.get(k, 0) for n in nodes), default=0))})"
+             for k, v in request.items() if all(n.get(k, 0) < v for n in free)]
+    missing_now = ", ".join(short) if short else "all of " + ", ".join(f"{k} {_fmt(v)}" for k, v in request.items()) + " free on one node"
+    return (f"model {model_id!r} cannot be placed: each {deployment} replica reserves {{{asks}}}, and no node of "
+            f"this Ray cluster has {missing_now}: the replicas already placed hold the rest, and no autoscaler can "
+            f"add a node. The config asks more than the cluster has (`llamaray check-config` sums it): lower the "
+            f"models' num_cpus (n_threads) or min_replicas, serve fewer models, or add a node")

@@ -60,7 +60,7 @@ def test_render_drops_the_model_blocks_and_local_graph_brings_them_back():
     names = [d["name"] for d in app["deployments"]]
     assert names == ["Ingress", "ChatProcessor", deployment_name(MODEL)]
     ingress = next(d for d in app["deployments"] if d["name"] == "Ingress")
-    assert ingress["ray_actor_options"] == {"num_cpus": 0.1, "num_gpus": 0}
+    assert ingress["ray_actor_options"] == {"num_cpus": 0, "num_gpus": 0}  # the front door reserves no CPU
 
 
 def _check(tmp_path, config: dict, capsys) -> list[str]:
