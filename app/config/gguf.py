@@ -149,3 +149,36 @@ def control_token_texts(meta: dict[str, Any]) -> tuple[str, ...]:
         return ()
     return tuple(sorted({text for text, kind in zip(tokens, types)
                          if kind in (TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_CONTROL) and text}))
+
+
+def read_tensors(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], int]]]:
+    """A GGUF file's metadata and its tensor table: name -> (shape in ggml's order, ne[0] first; GGML type
+    id). Reads the header and the table only, never tensor data (a LoRA adapter checked against its base
+    before llama.cpp loads it)."""
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file (bad magic)")
+        version = _read(f, "<I")
+        if version < 2:
+            raise GGUFError(f"{path}: GGUF version {version} is not supported")
+        n_tensors = _read(f, "<Q")
+        n_kv = _read(f, "<Q")
+        meta: dict[str, Any] = {"gguf.version": version}
+        for _ in range(n_kv):
+            key = _read_string(f)
+            value = _read_value(f, _read(f, "<I"), keep=False)
+            if value is not None:
+                meta[key] = value
+        if n_tensors * 24 > _remaining(f):  # each entry takes at least 24 bytes: a corrupt count
+            raise GGUFError(f"{path}: unexpected end of file in the GGUF tensor table")
+        tensors: dict[str, tuple[tuple[int, ...], int]] = {}
+        for _ in range(n_tensors):
+            name = _read_string(f)
+            n_dims = _read(f, "<I")
+            if n_dims > 4:
+                raise GGUFError(f"{path}: tensor {name} has {n_dims} dimensions (GGML has at most 4)")
+            shape = tuple(_read(f, "<Q") for _ in range(n_dims))
+            ggml_type = _read(f, "<I")
+            _read(f, "<Q")  # data offset
+            tensors[name] = (shape, ggml_type)
+        return meta, tensors

@@ -13,6 +13,13 @@ saves) after releasing it. Slots belong to the decode thread alone.
 
 The engine knows nothing of asyncio: a step's events go out in one call of `publish`
 (stream.py's publisher hands them to each event loop in one wake-up).
+
+LoRA adapters (lora.py) apply to the whole context, so a step decodes only the sequences of one adapter
+set, the one on the context (`_adapter_turn`): while one set has work it keeps the context; when several
+do, each set holds it for ADAPTER_TURN_STEPS steps at most, then the set that has waited longest since its
+last turn takes it (round robin: none starves, and a switch, which makes llama.cpp reserve its graph
+again, costs one per turn rather than one per step). Slots and the prompt cache reuse KV only within one
+adapter set (Generation.kv_scope).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from .constraint import MaskWorker, grammar_tokenizer
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .llama import (Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode,
                     decode_embd, logprobs_at)
+from . import lora
+from .lora import BASE, AdapterSet, LoraAdapter
 from .params import IMAGE_MARKER, GenerationRequest, ImageInput
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
@@ -43,6 +52,9 @@ from .vision import ImageSpan, Projector, image_boundary, image_prompt, release_
 log = logging.getLogger("llamaray.engine")
 
 MIN_COPY_TOKENS = 16
+# Steps one adapter set decodes before another set with work takes the context. A switch made the next
+# step take about twice as long on the bundled model (llama.cpp reserves its graph again: 14 ms against 7).
+ADAPTER_TURN_STEPS = 4
 
 Publish = Callable[[list[tuple[Sink, Event]]], None]
 
@@ -91,6 +103,14 @@ class LlamaEngine:
         self._grammar_tokenizer: Any = None  # llguidance's view of the vocabulary, built by the first grammar
         self._grammar_lock = threading.Lock()
         self._masks = MaskWorker()
+        # LoRA adapters: loaded by name; unloaded ones wait in _retired until no generation holds them.
+        self._adapters: dict[str, LoraAdapter] = {}
+        self._retired: list[LoraAdapter] = []
+        self._base_tensors: lora.BaseTensors | None = None
+        self._on_context: AdapterSet = BASE  # the set llama.cpp applies now (decode thread)
+        self._turn_steps = 0                 # steps the set on the context has had in its turn
+        self._last_turn: dict[AdapterSet, int] = {}  # set -> the step its last turn began
+        self.adapter_switches = 0
         self._thread = threading.Thread(target=self._run, name=f"llama-engine-{spec.id}", daemon=True)
 
     def start(self) -> "LlamaEngine":
@@ -107,6 +127,7 @@ class LlamaEngine:
             raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
                                   f"choices at once (its n_seq_max).", param="n", code="n_too_large")
         self._check_images(req)
+        adapters = lora.resolve(self.spec.id, self._adapters, req.adapters) if req.adapters else BASE
         limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
         self._check_continuation(req.continue_tokens)
         # What the prompt's bytes already prove, before the work of tokenizing it.
@@ -129,6 +150,8 @@ class LlamaEngine:
 
         first = choice(0)
         first.choices = [choice(i) for i in range(1, req.n)]
+        for g in (first, *first.choices):
+            g.adapters = adapters
         try:
             for g in (first, *first.choices):
                 g.sampler = self._sampler_for(req, g.index)
@@ -258,9 +281,51 @@ class LlamaEngine:
                                       code="invalid_token")
         return self.llama.detokenize(tokens)
 
+    # -- LoRA adapters (any thread) ----------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> LoraAdapter:
+        """Load the LoRA adapter GGUF at `path` for this engine's model, as `name`: requests then name it in
+        GenerationRequest.adapters. Checked against the model first: lora.AdapterMismatch (nothing loaded) for
+        an adapter made for another base, naming both. Slow (reads the file): call it off the event loop.
+        A name already loaded is a ValueError (unload it first)."""
+        if not name:
+            raise ValueError("an adapter needs a name")
+        with self._cv:
+            if name in self._adapters:
+                raise ValueError(f"model `{self.spec.id}` already has an adapter named `{name}`")
+        if self._base_tensors is None:
+            self._base_tensors = lora.BaseTensors.read(self.spec.id, self.spec.path)
+        adapter = lora.load_adapter(self.llama, self._base_tensors, name, path)
+        with self._cv:
+            if name not in self._adapters and not self._closing:
+                self._adapters[name] = adapter
+                log.info("model %s: adapter %s loaded from %s", self.spec.id, name, path)
+                return adapter
+        adapter.free()  # never set on the context: free here
+        raise ValueError(f"model `{self.spec.id}` already has an adapter named `{name}`" if not self._closing
+                         else "the engine is closing")
+
+    def unload_adapter(self, name: str) -> bool:
+        """Stop accepting requests for adapter `name` (False: none loaded); llama.cpp's adapter is freed on
+        the decode thread once no queued or running generation uses it."""
+        with self._cv:
+            adapter = self._adapters.pop(name, None)
+            if adapter is None:
+                return False
+            self._retired.append(adapter)
+            self._cv.notify()
+        return True
+
+    def adapter_names(self) -> list[str]:
+        with self._cv:
+            return sorted(self._adapters)
+
     def submit(self, gen: Generation) -> None:
         """Queue a prepared generation (the engine owns it from here). Any thread."""
         with self._cv:
+            gone = next((a for a in gen.adapters.adapters if self._adapters.get(a.name) is not a), None)
+            if gone is not None:
+                gen.free()
+                raise lora.unknown_adapter(self.spec.id, gone.name)
             if not self.broken:
                 gen.queued_at = time.monotonic()
                 self._waiting.append(gen)
@@ -280,6 +345,7 @@ class LlamaEngine:
             return {"running": self.active, "waiting": self.waiting, "slots": len(self._slots),
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
                     "prompt_cache": self._prompt_cache.stats(),
+                    "adapters": sorted(self._adapters), "adapter_switches": self.adapter_switches,
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
 
     @property
@@ -305,6 +371,9 @@ class LlamaEngine:
         self._batch.free()
         if self.projector is not None:
             self.projector.close()
+        if self.llama.ctx is not None and not self._thread.is_alive():
+            self._free_adapters([*self._adapters.values(), *self._retired])
+        self._adapters, self._retired = {}, []
         self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
@@ -312,17 +381,19 @@ class LlamaEngine:
         try:
             while True:
                 with self._cv:
-                    while not (self._closing or self._waiting or self.active or self._cancelled):
+                    while not (self._closing or self._waiting or self.active or self._cancelled or self._retired):
                         self._cv.wait()
                     if self._closing:
                         break
                     cancelled, self._cancelled = self._cancelled, set()
                     dropped = self._unqueue(cancelled)
                     self._admitting = self._take_admissible()
+                    unused = self._unused_retired()
                 # Without the lock from here: KV edits, copies and saves never hold up the callers.
                 for gen in dropped:
                     gen.free()
                 self._release_cancelled(cancelled)
+                self._free_adapters(unused)
                 self._admit(self._admitting)
                 self._admitting = []
                 self._flush()
@@ -381,7 +452,7 @@ class LlamaEngine:
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused. Nor is
             # anything for a request that asked for none (cache_prompt false: reproducible replies).
             reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
-            slot, reused = self._place(gen.prompt, gen.req.cache_scope, reuse=reuse, images=gen.images)
+            slot, reused = self._place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images)
             slot.occupy(gen, reused)
             for g in gen.choices:
                 fork = self._lowest_idle()
@@ -487,8 +558,57 @@ class LlamaEngine:
         self.llama.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds
         return 0
 
+    # -- LoRA adapters on the context (decode thread) ---------------------------------------------
+    def _unused_retired(self) -> list[LoraAdapter]:
+        """Unloaded adapters no queued, admitted or running generation holds, out of _retired (under the lock)."""
+        if not self._retired:
+            return []
+        held = {id(a) for g in (*self._waiting, *self._admitting, *(s.gen for s in self._slots if s.gen))
+                for a in g.adapters.adapters}
+        unused = [a for a in self._retired if id(a) not in held]
+        self._retired = [a for a in self._retired if id(a) in held]
+        return unused
+
+    def _free_adapters(self, adapters: list[LoraAdapter]) -> None:
+        """Free llama.cpp's adapters, first taking them off the context if it applies them."""
+        if not adapters:
+            return
+        if any(a in self._on_context.adapters for a in adapters):
+            lora.apply(self.llama, BASE)
+            self._on_context = BASE
+        for adapter in adapters:
+            adapter.free()
+            log.info("model %s: adapter %s freed", self.spec.id, adapter.name)
+
+    def _in_turn(self, slot: Slot) -> bool:
+        """Whether `slot` decodes this step: its generation's adapter set is the one on the context."""
+        return slot.gen is not None and slot.gen.adapters == self._on_context
+
+    def _adapter_turn(self) -> None:
+        """Put on the context the adapter set this step decodes (the policy: the module's docstring). The
+        set on the context keeps it while it alone has work, or for ADAPTER_TURN_STEPS steps when others
+        wait; then the set whose last turn began longest ago (never: first, oldest request first) takes it."""
+        current = self._on_context
+        oldest: dict[AdapterSet, float] = {}
+        for slot in self._slots:
+            if slot.gen is not None and slot.state in (SlotState.PREFILLING, SlotState.GENERATING):
+                aset = slot.gen.adapters
+                oldest[aset] = min(oldest.get(aset, slot.gen.queued_at), slot.gen.queued_at)
+        self._turn_steps += 1
+        if not oldest or (current in oldest and (len(oldest) == 1 or self._turn_steps <= ADAPTER_TURN_STEPS)):
+            return
+        waiting = [aset for aset in oldest if aset != current]
+        nxt = min(waiting, key=lambda aset: (self._last_turn.get(aset, -1), oldest[aset]))
+        lora.apply(self.llama, nxt)
+        self._on_context = nxt
+        self._turn_steps = 1
+        self._last_turn = {aset: self._last_turn[aset] for aset in oldest if aset in self._last_turn}
+        self._last_turn[nxt] = self.steps
+        self.adapter_switches += 1
+
     # -- one step: build the batch, decode, sample -------------------------------------------------
     def _step(self) -> None:
+        self._adapter_turn()
         self._decode_image()
         planned = self._fill_batch()
         if self._batch.n == 0:
@@ -512,7 +632,7 @@ class LlamaEngine:
     def _decode_image(self) -> None:
         """One waiting image per step, encoded and decoded into its slot's KV before the step's token
         batch (which then takes the text after it): other sequences wait for one image at a time at most."""
-        slot = next((s for s in self._slots if s.pending_image() is not None), None)
+        slot = next((s for s in self._slots if s.pending_image() is not None and self._in_turn(s)), None)
         if slot is None:
             return
         gen, span = slot.gen, slot.pending_image()
@@ -555,11 +675,11 @@ class LlamaEngine:
         batch.clear()
         planned: list[tuple[Slot, list[int]]] = []
         for slot in self._slots:
-            if slot.state is SlotState.GENERATING:
+            if slot.state is SlotState.GENERATING and self._in_turn(slot):
                 planned.append((slot, [slot.gen.last_token]))
                 self._put(slot, [slot.gen.last_token], logits=True)
         for slot in self._slots:
-            pending = slot.pending_prompt()[:batch.capacity - batch.n]
+            pending = slot.pending_prompt()[:batch.capacity - batch.n] if self._in_turn(slot) else []
             if pending:
                 planned.append((slot, pending))
                 self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))

@@ -79,6 +79,9 @@ class GenerationRequest:
     traceparent: str | None = None
     # The prompt's images, in the order of their IMAGE_MARKERs in `prompt` (a model with a projector).
     images: list[ImageInput] = field(default_factory=list)
+    # LoRA adapters to decode under, as (name, scale) pairs of adapters loaded on the model's engine
+    # (LlamaEngine.load_adapter); () is the base model. A zero scale is the same as leaving the adapter out.
+    adapters: tuple[tuple[str, float], ...] = ()
 
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from .events import Event, TokenLogprob
 from .llama import SamplerChain
+from .lora import BASE, AdapterSet
 from .params import GenerationRequest
 from .stop import StopMatcher
 from .vision import ImageSpan, next_image, release_all
@@ -56,10 +57,16 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)  # generated ids, kept when the request asks for them
     queued_at: float = 0.0   # monotonic time of submission (admission fairness)
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (shared by its choices)
+    adapters: AdapterSet = BASE  # the LoRA adapters it decodes under (only with others of the same set)
 
     @property
     def request_id(self) -> str:
         return self.req.request_id
+
+    @property
+    def kv_scope(self) -> str:
+        """Whose KV this generation may reuse and leaves behind: its cache scope, under its adapter set."""
+        return self.adapters.scope(self.req.cache_scope)
 
     @property
     def slots_needed(self) -> int:
@@ -83,11 +90,11 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what this slot's KV holds, in order
     gen: Generation | None = None
     state: SlotState = SlotState.IDLE
-    scope: str = ""  # the cache scope of the prompt that computed `tokens`: only that scope reuses them
+    scope: str = ""  # the KV scope (Generation.kv_scope) that computed `tokens`: only that scope reuses them
 
     def occupy(self, gen: Generation, reused: int, state: SlotState = SlotState.PREFILLING) -> None:
         self.tokens = gen.prompt[:reused]
-        self.scope = gen.req.cache_scope
+        self.scope = gen.kv_scope
         gen.n_past = gen.cached = reused
         gen.slot = self.index
         self.gen, self.state = gen, state
