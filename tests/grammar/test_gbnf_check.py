@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.api.errors import APIError
-from app.chat.plan import check_client_grammar, check_generated_grammar
+from app.generation.plan import check_client_grammar, check_generated_grammar
 from app.config.settings import Limits
 from app.grammar.gbnf_check import GBNFLimits, check_gbnf
 from app.grammar.gbnf_reader import RULE_COST, read_gbnf

@@ -18,7 +18,7 @@ from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
 from app.config.settings import Limits, ModelSpec
 from app.engine.events import Finished, Started, Text
 from app.observe.request_records import RequestRecord
-from app.serving.lifecycle import recording
+from app.generation.lifecycle import recording
 
 MODEL = "m"
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
