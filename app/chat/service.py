@@ -1,6 +1,6 @@
 """ChatService: the ChatProcessor's work, orchestrated. A validated request is planned (off the
 event loop, within a time budget), generated in rounds, parsed, and shaped as OpenAI responses; the
-lifecycle around it (app/serving/lifecycle.py) is the one CompletionService shares."""
+lifecycle around it (app/generation/lifecycle.py) is the one CompletionService shares."""
 
 from __future__ import annotations
 

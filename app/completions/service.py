@@ -1,5 +1,5 @@
 """CompletionService: legacy text completions, over the request lifecycle ChatService shares
-(app/serving/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
+(app/generation/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
 index = prompt × n + i, as OpenAI numbers them); the prompts run together, under one deadline, and
 their events are shaped into `text_completion`s."""
 

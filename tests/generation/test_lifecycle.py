@@ -1,4 +1,4 @@
-"""The request lifecycle both generating services share (app/serving/lifecycle.py), run through each of them
+"""The request lifecycle both generating services share (app/generation/lifecycle.py), run through each of them
 over a fake model: a planning error asks no model and records nothing; every request that reached a model is
 recorded exactly once with how it ended; a stream its reader drops or a cancelled request lets go of its
 model stream; planning runs in a thread, within its budget."""
