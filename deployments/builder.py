@@ -7,7 +7,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from app.config.preflight import preflight
+from app.prompt.preflight import preflight
 from app.config.settings import (
     AppArgs,
     ModelSpec,

@@ -15,7 +15,7 @@ from app.api.schemas import DetokenizeRequest, TokenizeRequest
 from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from app.serving.processing import APIRequest, Processor
 from app.serving.traced import traced_models
 

@@ -21,8 +21,8 @@ from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJ
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
-from app.model_sources.local_copy import needs_fetch
-from app.model_sources.preparation import Preparation
+from app.replica.local_copy import needs_fetch
+from app.replica.preparation import Preparation
 from app.observe import tracing
 from app.serving.models import LOADING, READY, ModelState
 

@@ -45,7 +45,7 @@ def write_lora(out: str | Path, base: str | Path | None = None, *, seed: int = 0
     """Write the adapter to `out` and return its path. Deterministic in its arguments."""
     import gguf
 
-    from app.config.gguf import read_tensors
+    from app.model_sources.gguf import read_tensors
 
     base = Path(base) if base is not None else bundled_base()
     meta, tensors = read_tensors(base)

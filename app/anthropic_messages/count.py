@@ -8,12 +8,12 @@ from typing import Any
 
 from ..api.errors import served_model
 from ..api.schemas import ChatCompletionRequest
-from ..chat.images import check_images, load_images
-from ..chat.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
+from ..generation.images import check_images, load_images
+from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
 from ..config.settings import Limits, ModelSpec
-from ..prompt.tokens import ModelTokens, prompt_count
+from ..tokenize.service import ModelTokens, prompt_count
 from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
-from ..serving.lifecycle import off_loop
+from ..generation.lifecycle import off_loop
 from .mapping import to_chat_request
 from .schemas import CountTokensRequest
 from .shaping import count_tokens_body

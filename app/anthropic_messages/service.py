@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..chat.plan import GenerationPlan
+from ..generation.plan import GenerationPlan
 from ..chat.service import ChatReply, ChatService
 from ..config.settings import ModelSpec
 from ..engine.events import Event

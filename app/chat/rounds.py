@@ -20,7 +20,7 @@ from ..api.errors import APIError, timeout_error
 from ..engine.events import Event, Finished, Started, Text
 from ..engine.params import GenerationRequest
 from ..parsers import ReplyParser
-from .plan import GenerationPlan
+from ..generation.plan import GenerationPlan
 from .tally import ReplyTally
 
 OpenStream = Callable[[str, GenerationRequest], AsyncIterator[list[Event]]]

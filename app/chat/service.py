@@ -1,6 +1,6 @@
 """ChatService: the ChatProcessor's work, orchestrated. A validated request is planned (off the
 event loop, within a time budget), generated in rounds, parsed, and shaped as OpenAI responses; the
-lifecycle around it (app/serving/lifecycle.py) is the one CompletionService shares."""
+lifecycle around it (app/generation/lifecycle.py) is the one CompletionService shares."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ..config.settings import ModelSpec
 from ..engine.events import Event, Finished, Started, Text, TokenLogprob
 from ..observe.request_records import RequestRecord
 from ..prompt.tool_calling import resolve_reply_format
-from ..serving.caller import ANONYMOUS, Caller
-from ..serving.lifecycle import RequestLifecycle
+from ..generation.caller import ANONYMOUS, Caller
+from ..generation.lifecycle import RequestLifecycle
 from .choices import ChoiceSplitter, merge
-from .images import load_images
-from .plan import GenerationPlan, plan_request
+from ..generation.images import load_images
+from ..generation.plan import GenerationPlan, plan_request
 from .responses import ChunkMaker, chat_choice, completion_body
 from .rounds import reply_events
 from .tally import ReplyTally

@@ -1,5 +1,5 @@
 """CompletionService: legacy text completions, over the request lifecycle ChatService shares
-(app/serving/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
+(app/generation/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
 index = prompt × n + i, as OpenAI numbers them); the prompts run together, under one deadline, and
 their events are shaped into `text_completion`s."""
 
@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from ..prompt import content_marks
 from ..chat.choices import merge
-from ..chat.plan import check_completion_limit, client_gbnf, sampling_from
+from ..generation.plan import check_completion_limit, client_gbnf, sampling_from
 from ..chat.rounds import with_deadline
 from ..chat.tally import ReplyTally
 from ..config.settings import Limits, ModelSpec
@@ -23,7 +23,7 @@ from ..engine.params import GenerationRequest
 from ..api.errors import APIError, invalid_request
 from ..api.schemas import CompletionRequest
 from ..observe.request_records import RequestRecord
-from ..serving.lifecycle import RequestLifecycle
+from ..generation.lifecycle import RequestLifecycle
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")

@@ -1,2 +1,2 @@
-"""Build-time configuration: the serve application's args, each model resolved into a ModelSpec (GGUF metadata,
-chat template), and the checks a model must pass before the app is built."""
+"""Build-time configuration: the serve application's args, and each model resolved into a ModelSpec (GGUF
+metadata, chat template). The checks a model passes before the app is built are app/prompt/preflight.py."""

@@ -31,7 +31,7 @@ from ..model_sources.cache import cache_root
 from ..model_sources.quant import QuantError
 from ..model_sources.redact import redacted
 from ..model_sources.source import ModelSource, parse_source
-from .gguf import GGUFError, control_token_texts, read_metadata, special_token_text
+from ..model_sources.gguf import GGUFError, control_token_texts, read_metadata, special_token_text
 
 log = logging.getLogger("llamaray.config")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")

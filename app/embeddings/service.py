@@ -15,8 +15,8 @@ from ..api.errors import invalid_request, served_model
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import EmbeddingJob, EmbeddingResult
 from ..observe.request_records import NullObserver, RequestObserver
-from ..serving.caller import ANONYMOUS, Caller
-from ..serving.lifecycle import pooled_request
+from ..generation.caller import ANONYMOUS, Caller
+from ..generation.lifecycle import pooled_request
 
 
 class ModelEmbeddings(Protocol):

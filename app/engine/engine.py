@@ -32,10 +32,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..prompt import content_marks
 from ..config.settings import ModelSpec, place
 from ..api.errors import APIError, context_length_exceeded, internal_error, invalid_request
-from . import hardware
+from . import hardware, prompt_marks
 from .admission import BACKFILL_S, admissible
 from .constraint import MaskWorker, grammar_tokenizer
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
@@ -214,7 +213,7 @@ class LlamaEngine:
             return 0
         size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
         size -= len(IMAGE_MARKER) * prompt.count(IMAGE_MARKER)  # an image's tokens are no text (one at least)
-        marks = prompt.count(content_marks.OPEN) + prompt.count(content_marks.CLOSE)
+        marks = prompt.count(prompt_marks.OPEN) + prompt.count(prompt_marks.CLOSE)
         if marks:  # marks (3 bytes each) and their JSON-escaped forms (\\ufdd0, 6 bytes) are no text
             size -= 3 * marks + 6 * (prompt.count("\\ufdd") + prompt.count("\\uFDD"))
         return -(-max(0, size) // longest)

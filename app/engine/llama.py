@@ -18,7 +18,7 @@ import llama_cpp as L
 import numpy as np
 
 from ..api.errors import invalid_request
-from ..prompt import content_marks
+from . import prompt_marks as content_marks
 from .constraint import Constraint, GrammarRefused
 from .params import SamplingParams
 from .rerank_format import PairVocab

@@ -26,7 +26,7 @@ from typing import Any
 import llama_cpp as L
 
 from ..api.errors import APIError, invalid_request
-from ..config.gguf import GGUFError, read_tensors
+from ..model_sources.gguf import GGUFError, read_tensors
 from ..model_sources.splits import split_parts
 from .llama import LlamaModelContext
 

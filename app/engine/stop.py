@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..parsers.partial import partial_prefix_len
+from collections.abc import Iterable
 
 
 class StopMatcher:
@@ -30,3 +30,18 @@ class StopMatcher:
     def flush(self) -> str:
         out, self._held = self._held, ""
         return out
+
+
+def partial_prefix_len(buf: str, markers: Iterable[str]) -> int:
+    """Length of the longest suffix of ``buf`` that is a *proper* prefix of a marker.
+
+    That suffix is the minimum that must be held back so that no fragment of
+    a marker is ever emitted; everything before it can be emitted safely.
+    """
+    markers = tuple(markers)
+    longest = max((len(m) for m in markers), default=0)
+    for k in range(min(len(buf), longest - 1), 0, -1):
+        tail = buf[-k:]
+        if any(len(m) > k and m.startswith(tail) for m in markers):
+            return k
+    return 0

@@ -33,12 +33,12 @@ from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
 from ..api.embeddings import EmbeddingRequest
 from ..api.rerank import RerankRequest
-from ..api.openapi import openapi_document
+from .openapi import openapi_document
 from ..api.schemas import (
     CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
 from ..openai_responses.schemas import parse_input_tokens_request, parse_responses_request
-from ..serving.caller import ANONYMOUS, Caller
+from ..generation.caller import ANONYMOUS, Caller
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing

@@ -1,4 +1,4 @@
-"""Image parts' URLs to ImageInput (the count per request is checked with the request: app/chat/images.py).
+"""Image parts' URLs to ImageInput (the count per request is checked with the request: app/generation/images.py).
 
 A request's images are loaded one after another (a request holds one image's decoding memory and one
 decoding thread at a time; its first bad image ends it), each decoded on the decoding pool (pool.py),

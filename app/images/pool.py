@@ -1,5 +1,5 @@
 """Image decoding's own few threads, with a bounded queue, apart from the event loop's default executor
-where every request's prompt is planned (app/serving/lifecycle.py `off_loop`): images wait on each
+where every request's prompt is planned (app/generation/lifecycle.py `off_loop`): images wait on each
 other, never on prompt planning, and a burst of slow images cannot make other keys' plain requests miss
 their planning deadline."""
 

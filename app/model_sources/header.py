@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..config.gguf import read_metadata
+from .gguf import read_metadata
 from .cached import cached_file, cached_pin
 from .fetch import FetchError, hub_error, url_error, hub_endpoint, open_url_fs
 from .quant import pick_quant

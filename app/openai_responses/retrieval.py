@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.errors import APIError, not_found
-from ..serving.caller import Caller
+from ..generation.caller import Caller
 from .store import ResponseStore
 
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.errors import APIError, invalid_request
-from ..chat.plan import GenerationPlan
+from ..generation.plan import GenerationPlan
 from ..chat.service import ChatReply, ChatService
 from ..chat.service import usage as chat_usage
 from ..engine.events import Event
 from ..observe.request_records import RequestRecord
-from ..prompt.tokens import prompt_count
-from ..serving.caller import ANONYMOUS, Caller
+from ..tokenize.service import prompt_count
+from ..generation.caller import ANONYMOUS, Caller
 from .events import ResponseEvents
 from .mapping import Turn, responses_param, to_turn
 from .schemas import ResponsesRequest
@@ -124,7 +124,7 @@ class InputTokensService:
 
     def __init__(self, responses: ResponsesService, tokens: Any) -> None:
         self.responses = responses
-        self.tokens = tokens  # app.prompt.tokens.ModelTokens
+        self.tokens = tokens  # app.tokenize.service.ModelTokens
 
     async def complete(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         plan = await self.responses.plan(req, caller)

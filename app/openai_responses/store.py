@@ -2,7 +2,7 @@
 `previous_response_id` continues a conversation and `GET /v1/responses/{id}` returns it.
 
 An entry is a JSON-able dict (the response object and what a follow-up turn needs); `owner` is the
-caller's key id (app/serving/caller.py), and an entry is only ever returned to its owner.
+caller's key id (app/generation/caller.py), and an entry is only ever returned to its owner.
 
 `BoundedResponseStore` keeps entries in memory within bounds (app/config/settings.py, `Limits`): how many,
 how many bytes (an entry's compact JSON encoding), and how long (`ttl_s` from its last write); and, for each

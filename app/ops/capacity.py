@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.gguf import read_metadata
+from ..model_sources.gguf import read_metadata
 from ..config.settings import ModelConfig, ModelSpec
 
 GIB = 1 << 30

@@ -36,7 +36,7 @@ from .placement import (
     replica_request,
 )
 from ..routing.prefix_routing import ROUTER_KWARGS
-from ..config.preflight import preflight
+from ..prompt.preflight import preflight
 
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})

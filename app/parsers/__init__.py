@@ -1,6 +1,6 @@
 """Reply parsers: reasoning split and tool-call parsing, streaming and not.
 
-Pure stdlib; see ``pipeline.ReplyParser`` for what the server calls.
+No model, no I/O; see ``pipeline.ReplyParser`` for what the server calls.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Small helpers shared by the streaming parsers.
 
 * ``partial_prefix_len`` - how much of a buffer's end must be held back
-  because it may be the beginning of a tag / marker.
+  because it may be the beginning of a tag / marker (the engine's stop
+  matcher holds back text by the same rule; it lives there, below the parsers).
 * ``find_first`` - the earliest complete occurrence of any of several tags.
 * ``find_json_end`` / ``JsonEndScanner`` - string-aware end finder for a JSON
   object/array (or a Python list literal when ``python=True``), incremental.
@@ -14,23 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..engine.stop import partial_prefix_len
+
+__all__ = ["EdgeTrim", "JsonEndScanner", "StreamMachine", "find_first", "find_json_end", "partial_prefix_len"]
+
 _OPEN = "{["
 _CLOSE = "}]"
-
-
-def partial_prefix_len(buf: str, markers: Iterable[str]) -> int:
-    """Length of the longest suffix of ``buf`` that is a *proper* prefix of a marker.
-
-    That suffix is the minimum that must be held back so that no fragment of
-    a marker is ever emitted; everything before it can be emitted safely.
-    """
-    markers = tuple(markers)
-    longest = max((len(m) for m in markers), default=0)
-    for k in range(min(len(buf), longest - 1), 0, -1):
-        tail = buf[-k:]
-        if any(len(m) > k and m.startswith(tail) for m in markers):
-            return k
-    return 0
 
 
 def find_first(buf: str, tags: Iterable[str], start: int = 0) -> tuple[int, str | None]:

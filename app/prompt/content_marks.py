@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-OPEN, CLOSE = "\ufdd0", "\ufdd1"
-_MARK = re.compile(f"([{OPEN}{CLOSE}])")
+from ..engine.prompt_marks import CLOSE, OPEN, split  # the marks as the engine reads them
+
 # A mark as JSON (`ensure_ascii`) or a Python repr spells it; hex digits in either case.
 _SPELLED = re.compile(r"\\(?:u|U0000)[fF][dD][dD]([01])")
 _SPELLED_PASSES = 8
@@ -220,16 +219,6 @@ def unescape(prompt: str) -> str:
     if "\\" not in prompt:
         return prompt
     return _SPELLED.sub(lambda m: OPEN if m.group(1) == "0" else CLOSE, prompt)
-
-
-def split(prompt: str) -> Iterator[tuple[str, bool]]:
-    """(text, is_content) runs of a marked prompt, in order; empty runs are skipped."""
-    content = False
-    for part in _MARK.split(prompt):
-        if part == OPEN or part == CLOSE:
-            content = part == OPEN
-        elif part:
-            yield part, content
 
 
 def unmark(prompt: str) -> str:

@@ -12,8 +12,8 @@ from ..api.rerank import RerankRequest, documents
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import RerankJob, RerankResult
 from ..observe.request_records import NullObserver, RequestObserver
-from ..serving.caller import ANONYMOUS, Caller
-from ..serving.lifecycle import pooled_request
+from ..generation.caller import ANONYMOUS, Caller
+from ..generation.lifecycle import pooled_request
 
 
 class ModelReranker(Protocol):

@@ -23,8 +23,8 @@ from ..openai_responses.retrieval import StoredResponses
 from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
 from ..openai_responses.service import InputTokensService, ResponsesService
 from ..openai_responses.store import BoundedResponseStore, ResponseStore
-from ..prompt.tokens import TokenService
-from .caller import Caller
+from ..tokenize.service import TokenService
+from ..generation.caller import Caller
 from .models import Models
 
 APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest, EmbeddingRequest,

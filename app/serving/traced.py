@@ -13,7 +13,7 @@ from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..engine.events import Event
 from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
 from ..observe import tracing
-from .caller import Caller
+from ..generation.caller import Caller
 from .models import Models
 from .processing import APIRequest, Processing
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from app.config.settings import Limits
-from app.chat.plan import check_client_grammar
+from app.generation.plan import check_client_grammar
 from bench.hostile import big_grammar, gaps_between, hostile_requests, parse_args
 from loadtools.loadgen import RequestResult
 

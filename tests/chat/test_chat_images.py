@@ -12,7 +12,7 @@ from PIL import Image
 from app.api.errors import APIError
 from app.api.schemas import parse_chat_request
 from app.chat import ChatService
-from app.chat.images import load_images
+from app.generation.images import load_images
 from app.config.settings import Limits
 from app.engine.params import IMAGE_MARKER
 from app.engine.stream import generate_stream

@@ -12,7 +12,7 @@ import pytest
 from app.api.errors import APIError
 from app.api.schemas import ChatCompletionRequest, parse_chat_request
 from app.chat import ChatService
-from app.chat.plan import sampling_from
+from app.generation.plan import sampling_from
 from app.engine import GenerationRequest
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream

@@ -14,7 +14,7 @@ import pytest
 
 from app.api.schemas import parse_chat_request
 from app.chat import ChatService
-from app.chat.plan import plan_request
+from app.generation.plan import plan_request
 from app.chat.rounds import continuation_room
 from app.chat.tally import ReplyTally
 from app.config.settings import Limits

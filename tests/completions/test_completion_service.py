@@ -17,13 +17,13 @@ from app.api.schemas import (
     parse_chat_request,
     parse_request,
 )
-from app.chat.plan import plan_request
+from app.generation.plan import plan_request
 from app.completions import CompletionService
 from app.config.settings import Limits
 from app.engine.events import Finished, PromptLogprobs, Started, Text, TokenLogprob
 from app.engine.params import GenerationRequest
 from app.observe.request_records import RequestRecord
-from app.prompt.tokens import TokenService
+from app.tokenize.service import TokenService
 from app.prompt.tool_calling import resolve_reply_format
 from tests.support.openapi_spec import assert_valid_completion
 from tests.support.grammars import gbnf

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from app.openai_responses.store import encode_entry
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from deployments.response_store import STORE_ACTOR
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import APP, KEY_A, KEY_B

@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.http.server import ModelCard, build_http_app
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from tests.support.openapi_spec import assert_valid
 
 BAD_NUMBERS = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", "1" + "0" * 400 + ".0"]

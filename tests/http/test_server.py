@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from app.api.errors import APIError, context_length_exceeded, invalid_request
 from app.api.schemas import ChatCompletionRequest
 from app.http.server import ModelCard, build_http_app
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from app.serving.health import HealthCache
 from app.serving.models import LOADING, READY, ModelState
 from tests.support.openapi_spec import assert_valid

@@ -14,7 +14,7 @@ from app.config.settings import Limits
 from app.http.auth import KeyChecker
 from app.http.server import ModelCard, ServerSettings, build_http_app
 from app.openai_responses.store import MemoryResponseStore
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from app.serving.processing import Processor
 from tests.support.openapi_spec import assert_valid
 

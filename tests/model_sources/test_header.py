@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.gguf import GGUFError, read_metadata
+from app.model_sources.gguf import GGUFError, read_metadata
 from app.config.settings import KEPT_ARRAYS, ConfigError, ModelConfig, resolve_model
 from tests.support.fake_hub import COMMIT, FILE, REPO
 

@@ -19,7 +19,7 @@ from app.model_sources import fetch as fetch_module
 from app.model_sources.cache import url_dir
 from app.model_sources.fetch import FetchError, fetch
 from app.model_sources.header import pin
-from app.model_sources.local_copy import fetch_spec
+from app.replica.local_copy import fetch_spec
 from app.model_sources.progress import Progress
 from app.model_sources.redact import redacted, without_userinfo
 from app.model_sources.source import SourceError, parse_source
@@ -222,7 +222,7 @@ def test_check_config_shows_a_source_without_its_credentials(hub, tmp_path, caps
 
 
 def test_preparation_reports_a_failure_without_credentials(bundled_spec, tmp_path, caplog, monkeypatch):
-    from app.model_sources.preparation import Preparation
+    from app.replica.preparation import Preparation
     from tests.support.waiting import wait_for
 
     monkeypatch.setenv("LLAMARAY_MODEL_CACHE", str(tmp_path))

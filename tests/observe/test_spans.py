@@ -20,7 +20,7 @@ from app.engine.timeline import Timeline
 from app.api.errors import APIError, invalid_request
 from app.api.schemas import parse_chat_request
 from app.http.server import TraceMiddleware, build_http_app, model_cards
-from app.serving.caller import ANONYMOUS
+from app.generation.caller import ANONYMOUS
 from app.serving.processing import Processor
 from app.serving.traced import HopProcessing, TracedModels, traced_models, traced_processing
 from tests.support.events import run_until_idle

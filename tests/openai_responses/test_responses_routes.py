@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from app.api.errors import invalid_request
 from app.http.server import ModelCard, build_http_app
 from app.openai_responses.schemas import InputTokensRequest, ResponsesRequest
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from tests.support.responses_events import assert_valid_event
 
 

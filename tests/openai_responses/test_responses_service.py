@@ -18,7 +18,7 @@ from app.openai_responses.schemas import (
 from app.openai_responses.service import InputTokensService, ResponsesService
 from app.openai_responses.store import MemoryResponseStore
 from app.prompt.content_marks import clean
-from app.serving.caller import Caller
+from app.generation.caller import Caller
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
 from tests.support.responses_events import assert_valid_event

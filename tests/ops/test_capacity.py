@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from app.config.gguf import read_metadata
+from app.model_sources.gguf import read_metadata
 from app.config.settings import deployment_name, resolve_model, ModelConfig
 from app.ops.capacity import (
     GIB,

@@ -19,10 +19,10 @@ import pytest
 
 from app.api.errors import APIError
 from app.api.schemas import TokenizeRequest, parse_chat_request, parse_request
-from app.chat.plan import plan_request
+from app.generation.plan import plan_request
 from app.config.settings import Limits
 from app.prompt import content_marks
-from app.prompt.tokens import TokenService
+from app.tokenize.service import TokenService
 from app.prompt.tool_calling import resolve_reply_format
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"

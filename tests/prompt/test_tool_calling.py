@@ -8,7 +8,7 @@ import pytest
 
 from app.api.errors import APIError
 from app.api.schemas import parse_chat_request
-from app.chat.plan import format_grammar
+from app.generation.plan import format_grammar
 from app.parsers import ReplyParser
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
 from tests.support.grammars import gbnf

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from app.model_sources import preparation
+from app.replica import preparation
 from app.model_sources.fetch import FetchError
-from app.model_sources.preparation import Preparation
+from app.replica.preparation import Preparation
 from app.serving.health import health_body
 from app.serving.models import ModelState
 from tests.support.waiting import wait_for

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .embeddings import EmbeddingRequest
-from .rerank import RerankRequest
-from .schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
 from ..anthropic_messages.schemas import CountTokensRequest, MessagesRequest
+from ..api.embeddings import EmbeddingRequest
+from ..api.rerank import RerankRequest
+from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
 
 _ERROR = {
     "description": "OpenAI-shaped error",

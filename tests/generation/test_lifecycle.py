@@ -1,4 +1,4 @@
-"""The request lifecycle both generating services share (app/serving/lifecycle.py), run through each of them
+"""The request lifecycle both generating services share (app/generation/lifecycle.py), run through each of them
 over a fake model: a planning error asks no model and records nothing; every request that reached a model is
 recorded exactly once with how it ended; a stream its reader drops or a cancelled request lets go of its
 model stream; planning runs in a thread, within its budget."""
@@ -18,7 +18,7 @@ from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
 from app.config.settings import Limits, ModelSpec
 from app.engine.events import Finished, Started, Text
 from app.observe.request_records import RequestRecord
-from app.serving.lifecycle import recording
+from app.generation.lifecycle import recording
 
 MODEL = "m"
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 
 from ..config.settings import ModelSpec
+from ..model_sources.fetch import FetchError
+from ..model_sources.progress import Progress
+from ..model_sources.redact import redacted
 from ..serving.models import ModelState
-from .fetch import FetchError
 from .local_copy import fetch_spec
-from .progress import Progress
-from .redact import redacted
 
 log = logging.getLogger("llamaray.model_sources")
 

@@ -11,18 +11,12 @@ from typing import Any, Protocol
 
 from ..api.errors import KIND_SERVES, invalid_request, model_not_found
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
-from ..chat.plan import (
-    chat_prompt,
-    check_grammar_inputs,
-    check_model_limits,
-    grammar_limits,
-    tool_plan,
-)
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import ImageInput
-from ..serving.lifecycle import off_loop
-from . import content_marks
-from .tool_calling import ReplyFormat, resolve_reply_format
+from ..generation.lifecycle import off_loop
+from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
+from ..prompt import content_marks
+from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
 
 
 class ModelTokens(Protocol):

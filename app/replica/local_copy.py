@@ -7,10 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config.settings import ModelSpec
-from .cache import cache_root
-from .fetch import fetch, verify_sha256
-from .progress import Progress
-from .source import parse_source
+from ..model_sources.cache import cache_root
+from ..model_sources.fetch import fetch, verify_sha256
+from ..model_sources.progress import Progress
+from ..model_sources.source import parse_source
 
 
 def needs_fetch(spec: ModelSpec) -> bool:

@@ -1,10 +1,11 @@
-"""Checks a model spec must pass before the app is built (builder and `llamaray check-config`)."""
+"""Checks a model spec must pass before the app is built (builder and `llamaray check-config`): its chat
+template compiles and its reply format (reasoning, tool calls) resolves."""
 
 from __future__ import annotations
 
-from ..prompt.chat_template import check_template
-from ..prompt.tool_calling import resolve_reply_format
-from .settings import ConfigError, ModelSpec
+from ..config.settings import ConfigError, ModelSpec
+from .chat_template import check_template
+from .tool_calling import resolve_reply_format
 
 
 def preflight(spec: ModelSpec) -> None:

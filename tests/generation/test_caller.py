@@ -1,6 +1,6 @@
 """The cache scope of a request: per API key (unless shared) and per `cache_salt`."""
 
-from app.serving.caller import ANONYMOUS, Caller, cache_scope
+from app.generation.caller import ANONYMOUS, Caller, cache_scope
 
 
 def test_scopes_differ_by_key_and_salt():

