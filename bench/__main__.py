@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -83,8 +84,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet-wait", type=float, default=180.0,
                    help="before each level, wait up to this many seconds for other processes to use "
                         "< 0.25 cores (on a shared machine they distort llama.cpp's numbers)")
+    p.add_argument("--extra-body", default=None,
+                   help="a JSON object (or @FILE) merged into every request: a response_format, tools and "
+                        "tool_choice, or a grammar (`python -m bench.structured --body json-small` prints one)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
+    if ns.extra_body:
+        text = Path(ns.extra_body[1:]).read_text() if ns.extra_body.startswith("@") else ns.extra_body
+        ns.extra_body = json.loads(text)
+        if not isinstance(ns.extra_body, dict):
+            p.error("--extra-body must be a JSON object")
     ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]
     wanted = comma_names(SERVERS)(ns.interleave) if ns.interleave.strip() else []
     ns.interleave = [n for n in ns.servers if n in wanted]
@@ -154,7 +163,7 @@ async def bench_server(server, ns, round_: int = 0) -> list[dict[str, Any]]:
 
 async def bench_level(server, ns, c: int, round_: int) -> dict[str, Any]:
     n = requests_for(c, ns.requests_per_level)
-    common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout)
+    common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout, extra=ns.extra_body)
     quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
     [warm] = await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS,
                                    seed_base=SEED_BASE, first_index=WARMUP_INDEX, **common)
@@ -270,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency, "rounds": ns.rounds,
                      "taking_turns": ns.interleave or None,
                      "requests_per_level": {c: requests_for(c, ns.requests_per_level) for c in ns.concurrency},
-                     "max_tokens": ns.max_tokens, "temperature": ns.temperature,
+                     "max_tokens": ns.max_tokens, "temperature": ns.temperature, "extra_body": ns.extra_body,
                      "seeds": f"{SEED_BASE} + request index", "prompts": len(DEFAULT_PROMPTS),
                      "warmup": "1 request before each level",
                      "cpu": "cores used during each level by the server's processes, the load generator "

@@ -5,8 +5,8 @@ four hostile requests arrive together:
 
 - `big_message`: a chat message just under the server's 4 MiB body limit (`--message-bytes`): the
   template renders it and the model must refuse it without tokenizing megabytes on a busy loop;
-- `large_grammar`: a `grammar` of ~60 KB with 60 parse stacks at every step (just under
-  limits.max_grammar_bytes and limits.max_grammar_stacks), which llama.cpp parses and matches;
+- `large_grammar`: a `grammar` of ~60 KB with 60 alternatives open at every step (just under
+  limits.max_grammar_bytes), which llguidance compiles and masks;
 - `logprobs_bomb`: /v1/completions with 128 prompts of ~1,000 tokens, `echo`, `logprobs: 20` and
   `max_tokens: 0` (gigabytes of logprob entries unless refused);
 - `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot;

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import jsonschema
 
 from app.api.schemas import ChatCompletionRequest
-from app.chat.plan import client_gbnf
+from app.generation.plan import client_gbnf
 from app.config.settings import Limits, ModelConfig, resolve_model
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine import llama as llama_mod
@@ -137,6 +137,19 @@ WORKLOADS = {
     "gbnf": _gbnf_workload(),
 }
 
+def request_fields(name: str) -> dict[str, Any]:
+    """What a client sends for a workload, as the OpenAI API (and llama-server) take it."""
+    if name == "json-small":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
+                                                                            "schema": small_schema()}}}
+    if name == "json-50":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "record", "strict": True,
+                                                                            "schema": big_schema()}}}
+    if name == "tools-20":
+        return {"tools": tools(), "tool_choice": "required"}
+    return {"grammar": GBNF}
+
+
 _sampling = {"cpu_s": 0.0}
 
 
@@ -219,7 +232,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--body", choices=list(WORKLOADS), default=None,
+                    help="print the request fields of this workload (for `python -m bench --extra-body`) and exit")
     ns = ap.parse_args(argv)
+    if ns.body:
+        print(json.dumps(request_fields(ns.body)))
+        return
     levels = [int(c) for c in ns.concurrency.split(",")]
     works = [WORKLOADS[w] for w in ns.workloads.split(",")]
     spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048, n_seq_max=max(levels),

@@ -21,6 +21,21 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 log = logging.getLogger("llamaray.constraint")
 
 
+class LLGuidancePanic(RuntimeError):
+    """llguidance's Rust code panicked on a grammar (pyo3 raises a PanicException, a BaseException that
+    `except Exception` misses: left alone, it would end the engine's thread or the caller's task)."""
+
+
+def guarded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with an llguidance panic turned into LLGuidancePanic."""
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ == "PanicException":
+            raise LLGuidancePanic(str(exc)[:300]) from None
+        raise
+
+
 def parser_limits() -> LLParserLimits:
     """llguidance's bounds on a grammar's compile (lexer fuel ~50k/ms: ~20 ms) and on each token's mask
     (~15 ms of lexer and Earley work at most, usually microseconds: every stream of the replica waits for
@@ -51,14 +66,20 @@ class Constraint:
     describes the matcher's present state)."""
 
     def __init__(self, tokenizer: LLTokenizer, grammar: str, n_vocab: int) -> None:
-        self.matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+        try:
+            self.matcher = guarded(LLMatcher, tokenizer, grammar, log_level=0, limits=parser_limits())
+        except LLGuidancePanic as exc:
+            raise GrammarRefused(f"llguidance failed on it ({exc})") from None
         if self.matcher.is_error():
             raise GrammarRefused(self.matcher.get_error())
         self.n_vocab = n_vocab
         self.mask = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         # The first mask now, on the preparing thread: it builds the lexer's first states (the costly
         # part of a large grammar), and a grammar llguidance gives up on is refused before it is queued.
-        self.fill()
+        try:
+            self.fill()
+        except LLGuidancePanic as exc:
+            raise GrammarRefused(f"llguidance failed on it ({exc})", unsatisfiable=True) from None
         if self.matcher.is_error():
             raise GrammarRefused(self.matcher.get_error(), unsatisfiable=True)
 
@@ -67,14 +88,14 @@ class Constraint:
         tokens = list(tokens)
         if not tokens:
             return True
-        if self.matcher.validate_tokens(tokens) < len(tokens):
+        if guarded(self.matcher.validate_tokens, tokens) < len(tokens):
             return False
         self.fresh = False
-        return self.matcher.consume_tokens(tokens)
+        return guarded(self.matcher.consume_tokens, tokens)
 
     def fill(self) -> None:
         """The mask for the matcher's present state (all zeros if the matcher is in error)."""
-        self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        guarded(self.matcher.unsafe_compute_mask_ptr, self.mask.ctypes.data, self.mask.nbytes)
         self.fresh = True
 
     def restrict(self, logits: np.ndarray) -> bool:
@@ -89,7 +110,7 @@ class Constraint:
         return bool(allowed.any())
 
     def take(self, token: int) -> None:
-        if not self.matcher.consume_token(token):
+        if not guarded(self.matcher.consume_token, token):
             raise ValueError(self.matcher.get_error() or f"the grammar does not allow token {token}")
         self.fresh = False
 

@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote
 from llguidance import LLMatcher
 from llguidance import gbnf_to_lark as gbnf
 
-from ..engine.constraint import parser_limits
+from ..engine.constraint import LLGuidancePanic, guarded, parser_limits
 
 # At most one space between JSON's tokens (`{"a": 1}`, `{"a":1}`, `{ "a" : 1 }`), never a run of them or a
 # newline: a free whitespace rule lets a model pad a reply with newlines until max_tokens. oneOf is read as
@@ -37,7 +37,10 @@ class GrammarError(ValueError):
 
 def check(grammar: str, tokenizer: Any = None) -> None:
     """GrammarError when llguidance refuses `grammar` (syntax, unsupported keywords, past its limits)."""
-    error = LLMatcher.validate_grammar(grammar, tokenizer, limits=parser_limits())
+    try:
+        error = guarded(LLMatcher.validate_grammar, grammar, tokenizer, limits=parser_limits())
+    except LLGuidancePanic as exc:
+        raise GrammarError(f"llguidance failed on the grammar ({exc})") from None
     if error:
         raise GrammarError(_first_lines(error))
 
@@ -48,13 +51,18 @@ def from_json_schema(schema: Any) -> str:
     if schema is True:
         schema = {}
     try:
-        return LLMatcher.grammar_from_json_schema(json.dumps(uri_refs(schema)), overrides=JSON_OPTIONS)
+        return guarded(LLMatcher.grammar_from_json_schema, json.dumps(uri_refs(schema)), overrides=JSON_OPTIONS)
+    except LLGuidancePanic as exc:
+        raise GrammarError(f"llguidance failed on the schema ({exc})") from None
     except ValueError as exc:
         raise GrammarError(f"not a JSON schema: {exc}") from None
 
 
 def from_lark(lark: str) -> str:
-    return LLMatcher.grammar_from_lark(lark)
+    try:
+        return guarded(LLMatcher.grammar_from_lark, lark)
+    except LLGuidancePanic as exc:
+        raise GrammarError(f"llguidance failed on the grammar ({exc})") from None
 
 
 def lark_literal(text: str) -> str:

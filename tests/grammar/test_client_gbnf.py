@@ -11,7 +11,7 @@ import pytest
 from llguidance import LLMatcher
 
 from app.api.errors import APIError
-from app.chat.plan import client_gbnf
+from app.generation.plan import client_gbnf
 from app.config.settings import Limits
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.api.errors import APIError
-from app.chat.plan import client_gbnf
+from app.generation.plan import client_gbnf
 from app.config.settings import Limits
 from app.engine.constraint import Constraint, GrammarRefused, grammar_tokenizer
 from app.engine.llama import LlamaModelContext

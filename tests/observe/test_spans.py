@@ -25,6 +25,7 @@ from app.serving.processing import Processor
 from app.serving.traced import HopProcessing, TracedModels, traced_models, traced_processing
 from tests.support.events import run_until_idle
 from tests.support.otlp_collector import OTLPCollector
+from tests.support.grammars import gbnf
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -305,7 +306,7 @@ def test_completions_and_refusals_are_traced(spans, bundled_spec):
 def test_model_spans_follow_the_generation(spans, engine):
     parent = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
     # letters only, more than 6 tokens can spell: the reply is cut at max_tokens
-    sampling = SamplingParams(seed=3, grammar="root ::= [a-z ]{100,120}")
+    sampling = SamplingParams(seed=3, grammar=gbnf("root ::= [a-z ]{100,120}"))
     request = GenerationRequest(request_id="r1", prompt="Once upon a time", max_tokens=6, sampling=sampling,
                                 traceparent=parent)
 
