@@ -118,3 +118,13 @@ def test_a_base_request_records_no_adapter():
     service = SERVICES["chat"]([BASE], model.open_stream, observer=records)
     asyncio.run(service.complete(chat("m")))
     assert model.gens[0].adapters == () and records.records[0].adapter == ""
+
+
+def test_a_record_with_an_adapter_says_so_on_its_span():
+    from app.observe.request_records import RequestRecord
+    from app.observe.tracing import record_attributes
+
+    rec = RequestRecord(model="m", stream=False, status="ok", error_code=None, duration_s=1.0, ttft_s=None,
+                        itl_s=None, prompt_tokens=1, completion_tokens=1, cached_tokens=0)
+    assert "llamaray.adapter" not in record_attributes(rec)
+    assert record_attributes(dataclasses.replace(rec, adapter="a1"))["llamaray.adapter"] == "a1"
