@@ -15,6 +15,7 @@ from app.config.settings import (
     parse_args,
     resolve_models,
 )
+from app.ops.adapter_check import check_adapters
 from app.ops.placement import ingress_hosting_defaults, model_deployment_defaults
 
 from .chat_processor import ChatProcessor
@@ -28,6 +29,7 @@ def build_app(args: dict[str, Any]) -> Application:
     specs = resolve_models(parsed)
     for spec in specs:
         preflight(spec)
+        check_adapters(spec)
     # The resolved specs and validated configs go to the replicas as they are (they pickle).
     build = build_single if parsed.topology == "single" else build_graph
     return build(parsed, specs)

@@ -43,6 +43,9 @@ class EngineHost:
         # A model llama.cpp cannot run here, or whose file cannot be fetched, leaves the replica up, saying
         # why (/health, errors, log), instead of a crash that Serve would restart forever.
         self.engine, self.unavailable = None, None
+        # Adapters of the spec that could not be loaded, with why: their requests get a 503 saying so, while
+        # the base model and the other adapters serve.
+        self.adapter_errors: dict[str, str] = {}
         # A remote model (or one with a checksum) is fetched in the background: the constructor returns at
         # once and Serve's health checks pass while it downloads; the engine starts when it is here.
         self.preparation = (Preparation(self.spec, self._start_engine, on_change=on_change)
@@ -58,10 +61,13 @@ class EngineHost:
     def _start_engine(self, spec: ModelSpec) -> None:
         self.spec = spec
         try:
-            self.engine = start_engine(spec)
+            engine = start_engine(spec)
         except EngineUnavailable as exc:
             self.unavailable = str(exc)
             logger.error("%s", exc)
+            return
+        self.adapter_errors = load_adapters(engine, spec)
+        self.engine = engine  # requests find it only with its adapters loaded
 
     async def _publish_gauges(self) -> None:
         while self.engine is None and self.unavailable is None:  # still fetching or starting
@@ -87,6 +93,9 @@ class EngineHost:
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
             raise wrong_kind(self.spec.id, _kind(engine), "generation")
+        for name, _ in request.adapters:
+            if name in self.adapter_errors:
+                raise service_unavailable(self.adapter_errors[name], code="adapter_unavailable")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
             raise overloaded()
         self._unstarted += 1
@@ -174,6 +183,20 @@ class EngineHost:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+def load_adapters(engine: Any, spec: ModelSpec) -> dict[str, str]:
+    """Load the spec's LoRA adapters into a started engine (in the constructor or the fetch thread: off the
+    event loop); {name: why} for those that could not be loaded (the builder checked local ones against the
+    model, so this is a remote one made for another base, or a file llama.cpp refused)."""
+    errors: dict[str, str] = {}
+    for adapter in spec.adapters:
+        try:
+            engine.load_adapter(adapter.name, adapter.path)
+        except (ValueError, RuntimeError, OSError) as exc:  # AdapterMismatch is a ValueError
+            errors[adapter.name] = f"adapter `{adapter.name}` of model `{spec.id}` could not be loaded: {exc}"
+            logger.error("%s", errors[adapter.name])
+    return errors
 
 
 def _kind(engine: Any) -> str:

@@ -34,22 +34,25 @@ REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 # vLLM's 1-2-5 series up to the model's context; here one series for every model of a process, to 200k tokens.
 TOKEN_BUCKETS = [float(m * 10 ** e) for e in range(6) for m in (1, 2, 5) if m * 10 ** e <= 200_000]
 
-MODEL = ("model",)
+# `adapter`: the LoRA adapters a request decoded under ("" for the base model), beside its base `model`.
+MODEL = ("model", "adapter")
+REPLICA = ("model",)  # a model replica's engine gauges: all its adapters together
 VLLM = ("model_name", "engine")  # vLLM's labels; `engine` is "0" (one engine per model in a replica)
 
 # name -> (kind, description, buckets, tags): every metric this module exports.
 METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_requests_total": ("counter", "API requests by protocol and outcome.", None,
-                                ("model", "protocol", "status", "stream", "error_code")),
-    "llamaray_request_duration_seconds": ("histogram", "Request start to end.", _LATENCY_BUCKETS, ("model", "status")),
+                                ("model", "adapter", "protocol", "status", "stream", "error_code")),
+    "llamaray_request_duration_seconds": ("histogram", "Request start to end.", _LATENCY_BUCKETS,
+                                          ("model", "adapter", "status")),
     "llamaray_time_to_first_token_seconds": ("histogram", "Request start to first token.", _LATENCY_BUCKETS, MODEL),
     "llamaray_inter_token_latency_seconds": ("histogram", "Mean gap between tokens.", _ITL_BUCKETS, MODEL),
     "llamaray_prompt_tokens_total": ("counter", "Prompt tokens.", None, MODEL),
     "llamaray_completion_tokens_total": ("counter", "Generated tokens.", None, MODEL),
     "llamaray_cached_prompt_tokens_total": ("counter", "Prompt tokens reused from the KV cache.", None, MODEL),
-    "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, MODEL),
-    "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, MODEL),
-    "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, MODEL),
+    "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, REPLICA),
+    "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, REPLICA),
+    "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, REPLICA),
     "vllm_num_requests_running": ("gauge", "Requests in the engine's slots (each choice counts).", None, VLLM),
     "vllm_num_requests_waiting": ("gauge", "Requests waiting for a slot.", None, VLLM),
     "vllm_prompt_tokens": ("counter", "Prompt tokens of the requests admitted.", None, VLLM),
@@ -89,7 +92,7 @@ class RayRequestObserver:
     """The processing's side (the ChatProcessor, or the Ingress with topology single): one record per request."""
 
     def record(self, rec: RequestRecord) -> None:
-        model = {"model": rec.model}
+        model = {"model": rec.model, "adapter": rec.adapter}
         # error_code is "" (no label in Prometheus) unless the request failed: which error, at a glance.
         metric("llamaray_requests_total").inc(1, {**model, "protocol": rec.protocol, "status": rec.status,
                                                   "stream": str(rec.stream).lower(), "error_code": rec.error_code or ""})

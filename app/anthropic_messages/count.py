@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.errors import served_model
+from ..generation.adapters import served_target
 from ..api.schemas import ChatCompletionRequest
 from ..generation.images import check_images, load_images
 from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
@@ -39,7 +39,7 @@ class MessageTokenCounter:
         self.limits = limits or Limits()
 
     async def count(self, req: CountTokensRequest) -> dict[str, Any]:
-        spec = served_model(self.models, req.model, "chat", "/v1/messages/count_tokens")
+        spec = served_target(self.models, req.model, "chat", "/v1/messages/count_tokens").spec  # an adapter counts as its base
         text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
         images = await load_images(chat, self.limits)
         return count_tokens_body(await prompt_count(self.tokens, spec.id, text, images))

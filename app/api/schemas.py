@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..config.settings import MAX_ADAPTER_SCALE
 from .errors import APIError, invalid_request
 
 
@@ -148,6 +149,28 @@ class ResponseFormat(_Model):
     json_schema: JSONSchemaFormat | None = None
 
 
+MAX_LORA_ENTRIES = 16
+
+
+class LoraEntry(_Model):
+    """One entry of llama-server's per-request `lora` list: an adapter of the model by its index in the model's
+    `adapters` (`id`, llama-server's form) or by its name, and the scale to apply it at (default: the
+    adapter's configured scale)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    id: int | None = Field(default=None, ge=0)
+    name: str | None = Field(default=None, min_length=1)
+    scale: float | None = Field(default=None, ge=-MAX_ADAPTER_SCALE, le=MAX_ADAPTER_SCALE)
+
+    @model_validator(mode="after")
+    def _named(self) -> "LoraEntry":
+        if self.id is None and self.name is None:
+            raise ValueError("a `lora` entry names its adapter by `id` (its index in the model's adapters) or "
+                             "`name`")
+        return self
+
+
 class _SamplingChecks(_Model):
     """`stop` and `logit_bias` checks shared by the chat and the legacy completions request."""
 
@@ -250,6 +273,8 @@ class ChatCompletionRequest(_SamplingChecks):
     # Prompt-cache controls, as vLLM (`cache_salt`) and llama-server (`cache_prompt`) take them.
     cache_salt: str | None = None
     cache_prompt: bool | None = None
+    # llama-server's per-request LoRA adapters (app/generation/adapters.py reads it against the model).
+    lora: list[LoraEntry] | None = Field(default=None, max_length=MAX_LORA_ENTRIES)
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -397,6 +422,7 @@ class CompletionRequest(_SamplingChecks):
     grammar: str | None = None
     cache_salt: str | None = None
     cache_prompt: bool | None = None
+    lora: list[LoraEntry] | None = Field(default=None, max_length=MAX_LORA_ENTRIES)
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -141,6 +141,9 @@ class ChatService(RequestLifecycle[ChatCompletionRequest, GenerationPlan, ChatRe
         plan.gen.cache_prompt = req.cache_prompt is not False
         return plan
 
+    def use_adapters(self, plan: GenerationPlan, adapters: tuple[tuple[str, float], ...]) -> None:
+        plan.gen.adapters = adapters  # a continuation round copies plan.gen, adapters included
+
     def plan_attributes(self, plan: GenerationPlan) -> dict[str, Any]:
         return {"llamaray.prompt_chars": len(plan.gen.prompt), "llamaray.grammar": plan.gen.sampling.grammar is not None,
                 "llamaray.tools": len(plan.req.tools or []), "gen_ai.request.choice.count": plan.gen.n}

@@ -180,6 +180,10 @@ class CompletionService(RequestLifecycle[CompletionRequest, CompletionPlan, Comp
     def make_plan(self, req: CompletionRequest, spec: ModelSpec, scope: str) -> CompletionPlan:
         return plan_completion(req, spec, self.limits, scope)
 
+    def use_adapters(self, plan: CompletionPlan, adapters: tuple[tuple[str, float], ...]) -> None:
+        for gen in plan.gens:
+            gen.adapters = adapters
+
     def plan_attributes(self, plan: CompletionPlan) -> dict[str, Any]:
         return {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n}
 

@@ -35,6 +35,11 @@ from ..model_sources.gguf import GGUFError, control_token_texts, read_metadata, 
 
 log = logging.getLogger("llamaray.config")
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
+# An adapter's name follows its base's id after a colon (`<base>:<adapter>`), so it holds no colon itself.
+ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The largest |scale| an adapter is applied at (config and requests): far past any useful strength (1 is the
+# adapter as trained), short of the overflow a huge factor brings to the activations.
+MAX_ADAPTER_SCALE = 10.0
 
 
 class ConfigError(ValueError):
@@ -43,6 +48,36 @@ class ConfigError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(redacted(message))
+
+
+class AdapterConfig(BaseModel):
+    """A LoRA adapter GGUF of a chat model (app/engine/lora.py): loaded by every replica of the model at start,
+    asked for as `model: "<base>:<name>"` or in a request's `lora` list."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(description="what requests call it: `model: \"<model id>:<name>\"`")
+    path: str = Field(description="the adapter GGUF, in the forms of model_path (a file, pkg:, hf://, s3://, gs://, "
+                                  "https://); fetched by each node that runs the model")
+    scale: float = Field(1.0, ge=-MAX_ADAPTER_SCALE, le=MAX_ADAPTER_SCALE,
+                         description="the scale it is applied at when a request names it by `model` (a request's "
+                                     "`lora` list may give another); 0: the base model")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not ADAPTER_NAME_RE.match(v):
+            raise ValueError("adapter name must be 1-64 chars of letters, digits, '_', '.', '-' (no ':': it follows "
+                             "the model id after one)")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        source = parse_source(v)
+        if source.kind == "hf" and source.filename is None:
+            raise ValueError("name the adapter's file (hf://<org>/<repo>/<file.gguf>), not a quantization")
+        return v
 
 
 class ModelConfig(BaseModel):
@@ -98,6 +133,9 @@ class ModelConfig(BaseModel):
                               "most likely holding the prompt's longest prefix in its KV cache (falling back to "
                               "load when it is busy); `load` is Serve's default (power of two choices)")
     owned_by: str = "llamaray"
+    adapters: list[AdapterConfig] | None = Field(
+        None, description="LoRA adapters of this chat model (GGUF adapters made for its GGUF): each replica loads "
+                          "them at start; a request names one as `model: \"<id>:<name>\"`, or several in `lora`")
     # Embedding models (kind: embedding) only; `pooling` also for rerankers (kind: rerank), which need `rank`.
     pooling: Literal["mean", "cls", "last", "rank"] | None = Field(
         None, description="how token vectors become one vector per input (default: the GGUF's pooling_type); a "
@@ -137,6 +175,12 @@ class ModelConfig(BaseModel):
             raise ValueError("`model_path` is required (a GGUF file), unless `engine: synthetic`")
         if self.synthetic is not None and self.engine != "synthetic":
             raise ValueError("`synthetic` rates apply to `engine: synthetic` only")
+        if self.adapters and self.engine != "llama":
+            raise ValueError("`adapters` are applied by llama.cpp: they need `engine: llama`")
+        names = [a.name for a in self.adapters or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapter {twice[0]!r} is configured twice on model {self.id!r}")
         return self
 
     @field_validator("model_path", "mmproj_path")
@@ -172,7 +216,7 @@ class ModelConfig(BaseModel):
 
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
-                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path")
+                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector
 
@@ -366,7 +410,23 @@ class AppArgs(BaseModel):
             if m.id in seen:
                 raise ValueError(f"model id {m.id!r} is configured twice")
             seen.add(m.id)
+        for m in self.models:
+            for a in m.adapters or []:
+                if f"{m.id}:{a.name}" in seen:  # `model` would name both the model and the adapter
+                    raise ValueError(f"adapter {a.name!r} of model {m.id!r} is called {m.id}:{a.name}, which is "
+                                     f"also a model's id; rename one")
         return self
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A LoRA adapter of a model, resolved: a local `path`, or a remote `source` (pinned) that each replica
+    fetches into its node's cache, `path` "" until then."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -424,6 +484,10 @@ class ModelSpec:
     normalize: bool = True
     dimensions: tuple[int, ...] = ()
     n_embd: int = 0
+    adapters: tuple[AdapterSpec, ...] = ()  # LoRA adapters every replica loads at start (ModelConfig.adapters)
+
+    def adapter(self, name: str) -> AdapterSpec | None:
+        return next((a for a in self.adapters if a.name == name), None)
 
     @property
     def takes_images(self) -> bool:
@@ -491,6 +555,7 @@ def resolve_model(cfg: ModelConfig, model_cache: str | None = None) -> ModelSpec
     return ModelSpec(
         **resolve_model_fields(cfg),
         **where,
+        adapters=_adapters(cfg, root),
         chat_template=template,
         bos_token=special_token_text(meta, tokens, "tokenizer.ggml.bos_token_id"),
         eos_token=special_token_text(meta, tokens, "tokenizer.ggml.eos_token_id"),
@@ -560,6 +625,27 @@ def _mmproj(cfg: ModelConfig, root: Path) -> dict[str, str]:
     if not path.is_file():
         raise ConfigError(f"model {cfg.id!r}: mmproj_path {cfg.mmproj_path!r} does not exist ({path})")
     return {"mmproj_path": str(path)}
+
+
+def _adapters(cfg: ModelConfig, root: Path) -> tuple[AdapterSpec, ...]:
+    """Each adapter as a local file that exists, or a remote source (pinned when the source can be reached;
+    the replicas say so when it cannot). That it fits the base is checked where llama.cpp's checks live
+    (app/ops/adapter_check.py, at build and by check-config; and by each replica as it loads it)."""
+    out = []
+    for a in cfg.adapters or []:
+        source = parse_source(a.path)
+        if source.remote:
+            try:
+                source = pin(source, root)
+            except FetchError as exc:
+                log.warning("model %r: adapter %r (%s): %s", cfg.id, a.name, redacted(a.path), exc)
+            out.append(AdapterSpec(a.name, "", a.scale, source.canonical()))
+            continue
+        path = resolve_path(a.path)
+        if not path.is_file():
+            raise ConfigError(f"model {cfg.id!r}: adapter {a.name!r}: path {a.path!r} does not exist ({path})")
+        out.append(AdapterSpec(a.name, str(path), a.scale))
+    return tuple(out)
 
 
 def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:

@@ -83,6 +83,15 @@ class GenerationRequest:
     # (LlamaEngine.load_adapter); () is the base model. A zero scale is the same as leaving the adapter out.
     adapters: tuple[tuple[str, float], ...] = ()
 
+    @property
+    def prefix_scope(self) -> str:
+        """The scope a router matches this prompt's prefixes in: its cache scope, and its adapters (KV computed
+        under one adapter set is never reused under another, app/engine/lora.py), by name and non-zero scale."""
+        used = sorted((name, scale) for name, scale in self.adapters if scale != 0)
+        if not used:
+            return self.cache_scope
+        return self.cache_scope + "\x1flora:" + ",".join(f"{name}*{scale!r}" for name, scale in used)
+
     def choice_seed(self, index: int) -> int | None:
         """Choice `index`'s seed: seeded requests stay reproducible, and their choices differ."""
         seed = self.sampling.seed

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from ..api.errors import invalid_request, served_model, timeout_error
+from ..api.errors import invalid_request, timeout_error
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
 from ..engine.params import GenerationRequest
 from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
 from ..observe.tracing import traced
+from .adapters import Target, served_target
 from .caller import ANONYMOUS, Caller, cache_scope
 
 T = TypeVar("T")
@@ -131,6 +133,20 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
         """What planning decided, for its span."""
         raise NotImplementedError
 
+    def use_adapters(self, plan: PlanT, adapters: tuple[tuple[str, float], ...]) -> None:
+        """Set the LoRA adapters (name, scale) the plan's generations decode under."""
+        raise NotImplementedError
+
+    def target(self, req: RequestT) -> Target:
+        """The request's base model and adapters (`model`, `lora`): a 404 for a model or adapter not configured."""
+        return served_target(self.models, req.model, "chat",
+                             "/v1/chat/completions" if self.protocol == "chat" else f"/v1/{self.protocol}",
+                             getattr(req, "lora", None))
+
+    def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None) -> RequestRecord:
+        rec = reply.record(self.protocol, stream, failure)
+        return replace(rec, adapter=target.label) if target.label else rec
+
     def reply(self, plan: PlanT, stream: bool) -> ReplyT:
         """A reply to fill from the plan's events, whole or streamed."""
         raise NotImplementedError
@@ -150,15 +166,19 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
     async def plan(self, req: RequestT, caller: Caller = ANONYMOUS) -> PlanT:
         """The request's plan, built off the event loop (template rendering and grammar building are CPU
         work) and within limits.grammar_timeout_s."""
-        spec = served_model(self.models, req.model, "chat",
-                            "/v1/chat/completions" if self.protocol == "chat" else f"/v1/{self.protocol}")
+        target = self.target(req)
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        return await traced("plan", off_loop(self.limits, self.make_plan, req, spec, scope), self.plan_attributes)
+        plan = await traced("plan", off_loop(self.limits, self.make_plan, req, target.spec, scope),
+                            self.plan_attributes)
+        if target.adapters:
+            self.use_adapters(plan, target.adapters)
+        return plan
 
     async def complete(self, req: RequestT, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         plan = await self.plan(req, caller)
+        target = self.target(req)
         reply = self.reply(plan, False)
-        with recording(self.observer, lambda failure: reply.record(self.protocol, False, failure)):
+        with recording(self.observer, lambda failure: self._record(target, reply, False, failure)):
             async for batch in self.events(plan, reply):
                 reply.read(batch)
             reply.check()
@@ -170,9 +190,10 @@ class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
         """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
         and come before it), so the Ingress can answer with headers while the model is awaited."""
         plan = await self.plan(req, caller)
+        target = self.target(req)
         reply = self.reply(plan, True)
         kept = False
-        with recording(self.observer, lambda failure: reply.record(self.protocol, True, failure)):
+        with recording(self.observer, lambda failure: self._record(target, reply, True, failure)):
             yield []
             async for batch in self.events(plan, reply):
                 out = reply.chunks(batch)

@@ -67,9 +67,13 @@ class ModelCard:
     id: str
     owned_by: str = "llamaray"
     created: int = 0
+    parent: str | None = None  # a LoRA adapter's card (`<base>:<adapter>`): its base model's id
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
+        card = {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
+        if self.parent is not None:  # as vLLM lists its LoRA modules
+            card.update(parent=self.parent, root=self.parent)
+        return card
 
 
 def log_server_error(exc: BaseException) -> None:
@@ -314,7 +318,7 @@ class Endpoints:
     async def health(self, request: Request) -> Response:
         states = await self.health_cache.get()
         detailed = not self.settings.keys.enabled or caller_of(request) is not None
-        status, body = health_body(states, list(self.cards), detailed)
+        status, body = health_body(states, [m for m, c in self.cards.items() if c.parent is None], detailed)
         return JSONBody(body, status_code=status)
 
     async def openapi(self, request: Request) -> Response:
@@ -476,5 +480,11 @@ class TraceMiddleware:
 
 
 def model_cards(specs: list[Any]) -> list[ModelCard]:
+    """A card per model, each followed by one per LoRA adapter of it (`<id>:<adapter>`, its parent the model)."""
     created = int(time.time())
-    return [ModelCard(id=s.id, owned_by=s.owned_by, created=created) for s in specs]
+    cards = []
+    for s in specs:
+        cards.append(ModelCard(id=s.id, owned_by=s.owned_by, created=created))
+        cards += [ModelCard(id=f"{s.id}:{a.name}", owned_by=s.owned_by, created=created, parent=s.id)
+                  for a in getattr(s, "adapters", ())]
+    return cards

@@ -21,6 +21,7 @@ class RequestRecord:
     cached_tokens: int
     protocol: str = "chat"      # the API that answered: "chat", "completions", "responses", "messages", "embeddings", "rerank"
     finish_reason: str | None = None  # the (first) choice's, when it finished
+    adapter: str = ""           # the LoRA adapters it decoded under (names, comma-separated); "" the base model
 
 
 class RequestObserver(Protocol):

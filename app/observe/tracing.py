@@ -262,6 +262,8 @@ def record_attributes(rec: RequestRecord) -> dict[str, Any]:
     }
     if rec.finish_reason:
         out["gen_ai.response.finish_reasons"] = [rec.finish_reason]
+    if rec.adapter:
+        out["llamaray.adapter"] = rec.adapter
     if rec.error_code:
         out["error.type"] = rec.error_code
     if rec.ttft_s is not None:
@@ -298,6 +300,9 @@ def record_generation(timeline: Timeline, request: GenerationRequest, model: str
                              "gen_ai.request.choice.count": request.n}
     if request.max_tokens is not None:
         attrs["gen_ai.request.max_tokens"] = request.max_tokens
+    adapter = ",".join(name for name, scale in request.adapters if scale != 0)
+    if adapter:
+        attrs["llamaray.adapter"] = adapter
     span = tracer.start(f"generate {model}", parent=request.traceparent, kind="server", attributes=attrs,
                         start_ns=timeline.ns(timeline.arrived))
     choices = [c for c in timeline.choices.values() if c.admitted_at is not None]

@@ -24,6 +24,7 @@ from ..config.settings import (
     resolve_model,
 )
 from ..model_sources.redact import redacted
+from .adapter_check import check_adapters, deferred_adapters
 from .capacity import Ask, Capacity, capacity_problems, fewest_replicas, model_memory
 from .placement import (
     CORE_DEPLOYMENTS,
@@ -73,6 +74,11 @@ def source_note(model: ModelConfig, spec: ModelSpec) -> str:
     name = f"model {model.id!r} ({spec.kind})"
     projector = (f"; images through the projector {redacted(spec.mmproj_source or spec.mmproj_path)}"
                  if spec.mmproj_source or spec.mmproj_path else "")
+    if spec.adapters:
+        deferred = deferred_adapters(spec)
+        projector += (f"; LoRA adapters {', '.join(a.name for a in spec.adapters)}"
+                      + (f" ({', '.join(deferred)} checked against the model by each replica as it loads them)"
+                         if deferred else " (checked against the model)"))
     if not spec.source:
         return f"{name}: {spec.path} (a file every node that runs it must have; metadata read from it){projector}"
     header = ("header read by range requests" if spec.metadata_from == "header"
@@ -101,6 +107,7 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         try:
             spec = resolve_model(model, args.model_cache)
             preflight(spec)
+            check_adapters(spec)
         except ConfigError as exc:
             problems.append(str(exc))
             continue

@@ -1,5 +1,5 @@
 """In the replica: the spec with local files for everything the builder left remote (the model, its
-projector), fetched into this node's cache, and the configured sha256 checked whatever the source."""
+projector, its LoRA adapters), fetched into this node's cache, and the configured sha256 checked whatever the source."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from ..model_sources.source import parse_source
 
 def needs_fetch(spec: ModelSpec) -> bool:
     """Whether the replica has work before it can load the model (a download, a checksum)."""
-    return bool(spec.source or spec.mmproj_source or spec.sha256)
+    return bool(spec.source or spec.mmproj_source or spec.sha256 or any(a.source for a in spec.adapters))
 
 
 def fetch_spec(spec: ModelSpec, progress: Progress) -> ModelSpec:
-    """`spec` with `path` (and `mmproj_path`) local; FetchError when a source cannot be had."""
+    """`spec` with `path` (and `mmproj_path`, each adapter's `path`) local; FetchError when a source cannot be had."""
     root = cache_root(spec.model_cache)
     path, mmproj = spec.path, spec.mmproj_path
     if spec.source:
@@ -30,4 +30,10 @@ def fetch_spec(spec: ModelSpec, progress: Progress) -> ModelSpec:
     if spec.mmproj_source:
         progress.label = spec.mmproj_source
         mmproj = str(fetch(parse_source(spec.mmproj_source), root, progress))
-    return replace(spec, path=path, mmproj_path=mmproj)
+    adapters = []
+    for adapter in spec.adapters:
+        if adapter.source:
+            progress.label = adapter.source
+            adapter = replace(adapter, path=str(fetch(parse_source(adapter.source), root, progress)))
+        adapters.append(adapter)
+    return replace(spec, path=path, mmproj_path=mmproj, adapters=tuple(adapters))

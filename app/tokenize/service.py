@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..api.errors import KIND_SERVES, invalid_request, model_not_found
+from ..generation.adapters import split_model
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import ImageInput
@@ -57,10 +58,10 @@ class TokenService:
         self.limits = limits or Limits()
 
     def _spec(self, model: str) -> ModelSpec:
-        spec = self.models.get(model)
-        if spec is None:
+        found = split_model(self.models, model)  # `<base>:<adapter>` tokenizes as its base
+        if found is None:
             raise model_not_found(model)
-        return spec
+        return found[0]
 
     async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
         spec = self._spec(req.model)

@@ -112,3 +112,36 @@ def test_embedding_requests_count_against_the_same_bound():
         assert host._unstarted == 0
 
     asyncio.run(go())
+
+
+def test_an_adapter_that_cannot_load_is_a_503_naming_why_while_the_rest_serve():
+    """load_adapters: each of the spec's adapters into the engine; one refused (another base, a bad file) is
+    reported, and its requests get a 503 saying why, while the base model and the other adapters serve."""
+    from app.config.settings import AdapterSpec
+    from deployments.engine_host import load_adapters
+
+    class Loader:
+        def __init__(self) -> None:
+            self.loaded: list[str] = []
+
+        def load_adapter(self, name, path):
+            if name == "bad":
+                raise ValueError(f"Adapter `{name}` ({path}) was made for a `qwen2` model")
+            self.loaded.append(name)
+
+    engine = Loader()
+    spec = SimpleNamespace(id="m", adapters=(AdapterSpec("ok", "/a/ok.gguf"), AdapterSpec("bad", "/a/bad.gguf")))
+    errors = load_adapters(engine, spec)
+    assert engine.loaded == ["ok"] and list(errors) == ["bad"]
+    assert "`bad`" in errors["bad"] and "`m`" in errors["bad"] and "qwen2" in errors["bad"]
+
+    host = host_with(StuckEngine())
+    host.adapter_errors = errors
+
+    async def first(adapters):
+        stream = host.generate(GenerationRequest(request_id="r", prompt="p", adapters=adapters))
+        return await anext(stream)
+
+    with pytest.raises(APIError) as info:
+        asyncio.run(first((("bad", 1.0),)))
+    assert (info.value.status, info.value.code) == (503, "adapter_unavailable") and "qwen2" in info.value.message

@@ -146,3 +146,22 @@ def test_records_follow_the_replicas_serve_reports():
         assert set(router.prefix.records) == {c.replica_id}
 
     asyncio.run(run())
+
+
+def test_an_adapter_set_goes_by_its_own_records_only():
+    """KV computed under one adapter set is never reused under another (app/engine/lora.py), so a prefix sent
+    under adapter a1 says nothing of where it is cached for a2 or the base; a zero scale is the base."""
+    def under(prompt: str, adapters) -> PendingRequest:
+        return pending(GenerationRequest(request_id="r", prompt=prompt, adapters=tuple(adapters)))
+
+    async def run():
+        a, b = StandIn("a", ongoing=1), StandIn("b", ongoing=0)
+        router = await new_router(a, b, min_match_chars=128)
+        router.on_request_routed(under(SYSTEM, [("a1", 1.0)]), a.replica_id, None)
+        assert names(await router.choose_replicas([a, b], under(SYSTEM + " more", [("a1", 1.0)]))) == [["a"], ["b"]]
+        for other in ([("a2", 1.0)], [("a1", 0.5)], [], [("a1", 1.0), ("a2", 1.0)]):
+            assert names(await router.choose_replicas([a, b], under(SYSTEM + " more", other))) == [["b"], ["a"]], other
+        router.on_request_routed(under(SYSTEM, []), a.replica_id, None)
+        assert names(await router.choose_replicas([a, b], under(SYSTEM + " more", [("a2", 0.0)]))) == [["a"], ["b"]]
+
+    asyncio.run(run())

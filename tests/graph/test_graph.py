@@ -14,7 +14,7 @@ from llama_cpp import Llama
 
 from app.prompt.chat_template import render_prompt
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import EMBED_MODEL, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL, sse_json
+from tests.support.serve_harness import ADAPTERS, EMBED_MODEL, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL, sse_json
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -35,7 +35,8 @@ def test_models_and_health(http):
     r = http.get("/v1/models")
     assert r.status_code == 200
     assert_valid("ListModelsResponse", r.json())
-    assert [m["id"] for m in r.json()["data"]] == [MODEL, THINK_MODEL, EMBED_MODEL, RERANK_MODEL]
+    assert [m["id"] for m in r.json()["data"]] == [MODEL, *(f"{MODEL}:{a}" for a in ADAPTERS), THINK_MODEL,
+                                                   EMBED_MODEL, RERANK_MODEL]
     r = http.get(f"/v1/models/{MODEL}")
     assert r.status_code == 200 and r.json()["id"] == MODEL
     assert_valid("Model", r.json())

@@ -383,3 +383,31 @@ def test_a_5xx_ending_a_stream_is_logged_too(client, backend, caplog):
     backend.fail_with = APIError("engine stopped", status=503, type="server_error", code="engine_unavailable")
     client.post(URL, json={**BODY, "stream": True})
     assert any("503 engine_unavailable" in r.getMessage() for r in caplog.records)
+
+
+def test_adapters_are_listed_as_models_of_their_base(backend):
+    """model_cards: each LoRA adapter as `<base>:<adapter>` after its base, `parent` and `root` the base (as vLLM
+    lists LoRA modules); /health stays per model."""
+    from dataclasses import dataclass
+
+    from app.http.server import model_cards
+
+    @dataclass
+    class Spec:
+        id: str
+        owned_by: str = "me"
+        adapters: tuple = ()
+
+    @dataclass
+    class Adapter:
+        name: str
+
+    cards = model_cards([Spec("m", adapters=(Adapter("a1"), Adapter("a2"))), Spec("e")])
+    app = build_http_app(backend, cards, health=HealthCache(backend.states, ["m", "e"]))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        body = c.get("/v1/models").json()
+        assert_valid("ListModelsResponse", body)
+        assert [(m["id"], m.get("parent"), m.get("root")) for m in body["data"]] == [
+            ("m", None, None), ("m:a1", "m", "m"), ("m:a2", "m", "m"), ("e", None, None)]
+        assert c.get("/v1/models/m:a2").json()["parent"] == "m"
+        assert set(c.get("/health").json()["models"]) == {"m", "e"}

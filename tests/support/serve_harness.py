@@ -30,6 +30,27 @@ SHAPES = ("single", "graph")
 # neither reuses a cached prompt prefix, so both decode their prompt in batches of the same shape. Tests
 # that compare two generations send it with both; the suite runs one request at a time.
 REPRODUCIBLE = {"cache_prompt": False}
+# LoRA adapters of MODEL in the shared clusters (tools/make_lora.py, seeds 1 and 2): `<MODEL>:<name>`.
+ADAPTERS = ("a1", "a2")
+
+
+def lora_dir() -> Path:
+    """This process's adapters for the bundled model, written on first use into a temporary folder (a few
+    hundred kB, made in well under a second, deterministic in their seeds)."""
+    global _LORA_DIR
+    if _LORA_DIR is None:
+        import tempfile
+
+        from tools.make_lora import write_lora
+
+        folder = Path(tempfile.mkdtemp(prefix="llamaray-lora-"))
+        for seed, name in enumerate(ADAPTERS, start=1):
+            write_lora(folder / f"{name}.gguf", seed=seed)
+        _LORA_DIR = folder
+    return _LORA_DIR
+
+
+_LORA_DIR: Path | None = None
 
 
 def free_port() -> int:
@@ -209,7 +230,8 @@ def standard_config(shape: str) -> dict[str, Any]:
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
     itself) with replies read by the `think` reasoning parser; an embedding model, all-MiniLM-L6-v2; and a
     reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
-    projector (tools/colour_mmproj.py); the second takes none. Its response store is small (8 MiB, 2 MiB a
+    projector (tools/colour_mmproj.py), and has two LoRA adapters (ADAPTERS, tools/make_lora.py); the second
+    takes none. Its response store is small (8 MiB, 2 MiB a
     key)."""
     from tests.support.embedder import embedder_gguf, reranker_gguf
     from tools.colour_mmproj import cached_gguf as colour_mmproj
@@ -221,7 +243,8 @@ def standard_config(shape: str) -> dict[str, Any]:
         "name": APP,
         "args": {"models": [
             # smaller context so a too-long prompt is cheap to build
-            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4, "mmproj_path": str(colour_mmproj())},
+            {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4, "mmproj_path": str(colour_mmproj()),
+             "adapters": [{"name": name, "path": str(lora_dir() / f"{name}.gguf")} for name in ADAPTERS]},
             {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
              "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE},
             {"id": EMBED_MODEL, "kind": "embedding", "model_path": embedder_gguf(), "n_seq_max": 16, "n_threads": 1,
