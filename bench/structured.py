@@ -1,6 +1,6 @@
 """python -m bench.structured: constrained decoding against the same requests unconstrained, on the engine.
 
-    .venv/bin/python -m bench.structured [--concurrency 1,16] [--rounds 3] [--max-tokens 160]
+    .venv/bin/python -m bench.structured [--concurrency 1,16] [--rounds 3] [--max-tokens 160] [--mix N]
         [--workloads json-small,json-50,tools-20,gbnf] [--threads 2] [--out FILE.json]
 
 Workloads (greedy, one prompt text per request so nothing is shared): `json-small`, a strict 5-property
@@ -211,6 +211,62 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
             "finished": len(finished), "valid": valid}
 
 
+def mixed_wave(engine: LlamaEngine, work: Workload, constrained: bool, n: int, max_tokens: int,
+               first: int) -> list[float]:
+    """n plain streams beside n others (`work`'s requests, with their grammar when `constrained`), all
+    submitted together: the plain streams' gaps between tokens (s), while the others still generate."""
+    lock = threading.Lock()
+    total = 2 * n
+    done = [threading.Event() for _ in range(total)]
+    stamps: dict[int, list[float]] = {k: [] for k in range(n)}
+    others_end: list[float] = []
+
+    def sink_for(k: int):
+        def sink(ev: Any) -> None:
+            with lock:
+                if isinstance(ev, Text) and k < n:
+                    stamps[k].append(time.perf_counter())
+                if isinstance(ev, (Finished, Failed)):
+                    if k >= n:
+                        others_end.append(time.perf_counter())
+                    done[k].set()
+        return sink
+
+    template = engine.spec.chat_template
+    for k in range(total):
+        if k < n:
+            prompt, grammar = _gbnf_workload().build(template, first + k)[0], None
+        else:
+            prompt, grammar = work.build(template, first + k)
+        sampling = SamplingParams(temperature=0.0, grammar=grammar if (constrained and k >= n) else None)
+        engine.submit(engine.prepare(GenerationRequest(request_id=f"mix-{first + k}", prompt=prompt,
+                                                       max_tokens=max_tokens, sampling=sampling), sink_for(k)))
+    for event in done:
+        event.wait()
+    until = min(others_end) if others_end else float("inf")
+    return [b - a for ts in stamps.values() for a, b in zip(ts, ts[1:]) if b <= until]
+
+
+def run_mix(engine: LlamaEngine, works: list[Workload], n: int, rounds: int, max_tokens: int) -> str:
+    """The plain streams' inter-token gaps (p50 / p99 / max ms) beside plain and beside constrained
+    neighbours, per workload, the two taking turns round by round."""
+    lines = [f"| neighbours ({n} plain streams beside {n} of them) | gap p50 ms | gap p99 ms | gap max ms |",
+             "|---|---|---|---|"]
+    serial = 0
+    for work in works:
+        gaps: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(rounds):
+            for constrained in ((False, True) if r % 2 == 0 else (True, False)):
+                serial += 1
+                gaps[constrained] += mixed_wave(engine, work, constrained, n, max_tokens, 50_000 + serial * 100)
+        for constrained, xs in gaps.items():
+            xs = sorted(xs)
+            label = f"{work.name}, {'constrained' if constrained else 'unconstrained'}"
+            lines.append(f"| {label} | {1000 * xs[len(xs) // 2]:.1f} | {1000 * xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.1f} "
+                         f"| {1000 * xs[-1]:.1f} |")
+    return "\n".join(lines)
+
+
 def compile_ms(engine: LlamaEngine, work: Workload) -> float:
     times = []
     for i in range(5):
@@ -232,6 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--mix", type=int, default=0, metavar="N",
+                    help="instead: N plain streams beside N of each workload's requests, unconstrained and "
+                         "constrained in turn; prints the plain streams' inter-token gaps")
     ap.add_argument("--body", choices=list(WORKLOADS), default=None,
                     help="print the request fields of this workload (for `python -m bench --extra-body`) and exit")
     ns = ap.parse_args(argv)
@@ -240,12 +299,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     levels = [int(c) for c in ns.concurrency.split(",")]
     works = [WORKLOADS[w] for w in ns.workloads.split(",")]
-    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048, n_seq_max=max(levels),
+    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048,
+                                     n_seq_max=2 * ns.mix if ns.mix else max(levels),
                                      n_threads=ns.threads, stream_interval_ms=0))
     _count_sampling()
     engine = LlamaEngine(spec).start()
     engine.spec = spec
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    if ns.mix:
+        try:
+            wave(engine, works[0], "plain", 1, 16, 90_000)  # warm-up
+            print(run_mix(engine, works, ns.mix, ns.rounds, ns.max_tokens))
+        finally:
+            engine.close()
+        return
     try:
         wave(engine, works[0], "plain", 1, 16, 90_000)  # warm-up
         serial = 0
