@@ -406,7 +406,7 @@ class AppArgs(BaseModel):
 
         self.models = expand_pools(self.models, self.pools)
         if not self.models:
-            raise ValueError("no models: list at least one under `models` (or a pool's `catalogue` with GGUFs)")
+            raise ValueError("`models` is required: list at least one model (or give a pool a `catalogue` of GGUFs)")
         return self
 
 
