@@ -116,6 +116,8 @@ class LlamaPool:
         self._publish()
 
     def _publish(self) -> None:
+        if not hasattr(self, "pool"):
+            return  # the pinned models load in the constructor; it publishes once the pool exists
         with self._publish_lock:
             pool_status.publish(*self._where, self.pool.states())
 
