@@ -144,3 +144,5 @@ class SingleIngress(_Front):
         models = getattr(self, "models", None)
         if models is not None:
             models.close()
+        for pool in getattr(self, "pools", ()):
+            pool.close()

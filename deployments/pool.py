@@ -74,6 +74,11 @@ class LocalPool:
     def states(self) -> dict[str, str]:
         return self.manager.states()
 
+    def close(self) -> None:
+        """Free every engine (the replica is going away)."""
+        for host in self.manager.loaded().values():
+            host.close()
+
 
 def _ready_host(spec: ModelSpec) -> EngineHost:
     host = EngineHost(spec)
@@ -156,7 +161,6 @@ class LlamaPool:
     def __del__(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None:
-            for host in pool.manager.loaded().values():
-                host.close()
+            pool.close()
         if getattr(self, "_where", None):
             pool_status.withdraw(*self._where)
