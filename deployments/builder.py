@@ -16,11 +16,13 @@ from app.config.settings import (
     resolve_models,
 )
 from app.ops.adapter_check import check_adapters
-from app.ops.placement import ingress_hosting_defaults, model_deployment_defaults
+from app.ops.placement import model_deployment_defaults
+from app.ops.pools import pool_deployment_defaults, pool_deployment_name, pool_plans, single_hosting_defaults
 
 from .chat_processor import ChatProcessor
 from .ingress import GraphIngress, SingleIngress
 from .llama_model import LlamaModel
+from .pool import LlamaPool
 from .response_store import response_store_actors
 
 
@@ -42,17 +44,26 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     models = {
         spec.id: LlamaModel.options(name=deployment_name(spec.id), **model_deployment_defaults(cfg))
         .bind(spec, parsed.tracing)
-        for spec, cfg in zip(specs, parsed.models)
+        for spec, cfg in zip(specs, parsed.models) if not spec.pool
+    }
+    # A pool's models have no deployment of their own: the pool's replicas load them (deployments/pool.py).
+    configs = {p.name: p for p in parsed.pools}
+    pools = {
+        plan.name: LlamaPool.options(name=pool_deployment_name(plan.name),
+                                     **pool_deployment_defaults(configs[plan.name], parsed.models))
+        .bind(plan, [s for s in specs if s.pool == plan.name], parsed.tracing)
+        for plan in pool_plans(parsed, specs)
     }
     # The processing's deployment holds the Responses store (deployments/response_store.py), in both shapes.
     processor = ChatProcessor.options(deployment_actors=response_store_actors(parsed.limits))
-    processor = processor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key", parsed.tracing)
+    processor = processor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key", parsed.tracing,
+                               pools=pools)
     return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing)
 
 
 def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
-    """One Ingress replica that also renders prompts and runs the models' engines: it reserves what their
-    LlamaModel replicas would."""
-    ingress = SingleIngress.options(**ingress_hosting_defaults(parsed.models),
+    """One Ingress replica that also renders prompts and runs the models' engines (and each pool's): it reserves
+    what their LlamaModel and LlamaPool replicas would."""
+    ingress = SingleIngress.options(**single_hosting_defaults(parsed),
                                     deployment_actors=response_store_actors(parsed.limits))
-    return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing)
+    return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing, pool_plans(parsed, specs))

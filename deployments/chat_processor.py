@@ -15,6 +15,7 @@ from app.api.schemas import DetokenizeRequest, TokenizeRequest
 from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
+from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
 from app.serving.processing import APIRequest, Processor
 from app.serving.traced import traced_models
@@ -31,9 +32,15 @@ from .response_store import ActorResponseStore, store_enabled
 @serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
-                 per_key_cache: bool = True, tracing_config: TracingConfig | None = None) -> None:
+                 per_key_cache: bool = True, tracing_config: TracingConfig | None = None, *,
+                 pools: dict[str, DeploymentHandle] | None = None) -> None:
         tracing.configure(tracing_config)
-        remote = traced_models(RemoteModels(models), {mid: deployment_name(mid) for mid in models})
+        handles, names = dict(models), {mid: deployment_name(mid) for mid in models}
+        for spec in specs:
+            if spec.pool:  # Serve routes it to a pool replica that holds the model (model multiplexing)
+                handles[spec.id] = (pools or {})[spec.pool].options(multiplexed_model_id=spec.id)
+                names[spec.id] = pool_deployment_name(spec.pool)
+        remote = traced_models(RemoteModels(handles), names)
         store = ActorResponseStore() if store_enabled(limits) else None
         self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache,
                                    response_store=store)

@@ -25,7 +25,9 @@ from app.http.server import ServerSettings, build_http_app, model_cards
 from app.observe import tracing
 from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
-from app.serving.models import ModelState
+from app.ops.pools import pool_deployment_name
+from app.pools.plan import PoolPlan
+from app.serving.models import READY, ModelState
 from app.serving.processing import Processing, Processor
 from app.serving.traced import traced_models, traced_processing
 
@@ -34,6 +36,8 @@ from .engine_host import EngineHost
 from .metrics import RayRequestObserver
 from .models import LocalModels
 from .placement_watch import PlacementWatch, cluster_model_states
+from .pool import LocalPool
+from .pool_status import cluster_pool_states
 from .replica import replica_info
 from .response_store import ActorResponseStore, store_enabled
 
@@ -43,6 +47,8 @@ logger = logging.getLogger("ray.serve")
 class _Front:
     """What every Ingress does, whatever runs behind it: API keys read in the replica's own environment,
     the HTTP app over a processing, /health from a background-refreshed cache."""
+
+    pool_states: dict[str, str] = {}  # pooled model -> loaded, loading or available, as last refreshed
 
     def _serve(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig, processing: Processing,
                refresh: Refresh) -> None:
@@ -62,8 +68,13 @@ class _Front:
                                        keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s,
                                        browser=browser)
 
+    async def _pool_states(self) -> dict[str, str]:
+        await self.health.get()  # refreshed with the health states, at most once a second
+        return self.pool_states
+
     def __serve_build_asgi_app__(self):
-        return build_http_app(self.processing, model_cards(self.specs), self.settings, self.health)
+        return build_http_app(self.processing, model_cards(self.specs), self.settings, self.health,
+                              pool_states=self._pool_states)
 
 
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
@@ -73,12 +84,21 @@ class GraphIngress(_Front):
                  tracing_config: TracingConfig | None = None) -> None:
         tracing.configure(tracing_config)
         self.app_name = serve.get_replica_context().app_name
-        self.placement = PlacementWatch(self.app_name, specs)
+        self.own = [s for s in specs if not s.pool]  # models with a deployment of their own
+        self.pools: dict[str, list[str]] = {}
+        for spec in specs:
+            if spec.pool:
+                self.pools.setdefault(pool_deployment_name(spec.pool), []).append(spec.id)
+        self.placement = PlacementWatch(self.app_name, self.own)
         processing = traced_processing(RemoteProcessing(processor, self.placement.admit), "ChatProcessor")
         self._serve(specs, limits, auth, processing, self._states)
 
     async def _states(self) -> dict[str, ModelState]:
-        return await asyncio.to_thread(cluster_model_states, self.app_name, self.specs, dict(self.placement.unplaced))
+        states = await asyncio.to_thread(cluster_model_states, self.app_name, self.own, dict(self.placement.unplaced))
+        if self.pools:
+            self.pool_states, health = await asyncio.to_thread(cluster_pool_states, self.app_name, self.pools)
+            states.update(health)
+        return states
 
     def replica_info(self) -> dict[str, Any]:
         return {**replica_info(), "placement_checks": self.placement.checks}
@@ -88,16 +108,26 @@ class GraphIngress(_Front):
 @serve.ingress()
 class SingleIngress(_Front):
     def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
-                 tracing_config: TracingConfig | None = None) -> None:
+                 tracing_config: TracingConfig | None = None, pools: list[PoolPlan] = ()) -> None:
         tracing.configure(tracing_config)
-        self.models = LocalModels({spec.id: EngineHost(spec) for spec in specs})
+        # Each pool's models are served by a PoolManager here (no multiplexing: one replica holds them all).
+        self.pools = [LocalPool(plan, [s for s in specs if s.pool == plan.name]) for plan in pools]
+        hosts: dict[str, Any] = {spec.id: EngineHost(spec) for spec in specs if not spec.pool}
+        for pool in self.pools:
+            hosts.update(pool.hosts)
+        self.models = LocalModels(hosts)
         store = ActorResponseStore() if store_enabled(limits) else None
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
                               per_key_cache=auth.cache_isolation == "per_key", response_store=store)
         self._serve(specs, limits, auth, processor, self._states)
 
     async def _states(self) -> dict[str, ModelState]:
-        return {mid: host.state() for mid, host in self.models.hosts.items()}
+        self.pool_states = {m: s for pool in self.pools for m, s in pool.states().items()}
+        # A pooled model is ready: its first request waits for its load.
+        return {mid: READY if mid in self.pool_states else host.state() for mid, host in self.models.hosts.items()}
+
+    async def _pool_states(self) -> dict[str, str]:
+        return {m: s for pool in self.pools for m, s in pool.states().items()}
 
     async def model_stats(self, model_id: str) -> dict[str, Any]:
         """A model's engine stats (running, waiting, slots, steps...): tests and operators."""
@@ -114,3 +144,5 @@ class SingleIngress(_Front):
         models = getattr(self, "models", None)
         if models is not None:
             models.close()
+        for pool in getattr(self, "pools", ()):
+            pool.close()

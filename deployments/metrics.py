@@ -53,6 +53,12 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, REPLICA),
     "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, REPLICA),
     "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, REPLICA),
+    "llamaray_pool_loads_total": ("counter", "Models a pool replica loaded (outcome ok) or failed to load (failed).",
+                                  None, ("pool", "model", "outcome")),
+    "llamaray_pool_evictions_total": ("counter", "Models a pool replica unloaded: lru (to make room), idle "
+                                      "(idle_unload_s), shutdown.", None, ("pool", "model", "reason")),
+    "llamaray_pool_load_seconds": ("histogram", "Time to load a pooled model.", _LATENCY_BUCKETS, ("pool",)),
+    "llamaray_pool_loaded_models": ("gauge", "Models a pool replica holds (loaded or loading).", None, ("pool",)),
     "vllm_num_requests_running": ("gauge", "Requests in the engine's slots (each choice counts).", None, VLLM),
     "vllm_num_requests_waiting": ("gauge", "Requests waiting for a slot.", None, VLLM),
     "vllm_prompt_tokens": ("counter", "Prompt tokens of the requests admitted.", None, VLLM),
@@ -146,3 +152,21 @@ class EngineGauges:
                                 ("vllm_request_time_per_output_token_seconds", c.tpot_s)):
                 if value is not None:
                     metric(name).observe(value, tags)
+
+
+class PoolMetrics:
+    """A pool replica's loads, failed loads and evictions (app/pools/manager.py's events)."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+
+    def record(self, event: str, model: str, detail: Any, held: int) -> None:
+        tags = {"pool": self.pool, "model": model}
+        if event == "loaded":
+            metric("llamaray_pool_loads_total").inc(1, {**tags, "outcome": "ok"})
+            metric("llamaray_pool_load_seconds").observe(float(detail), {"pool": self.pool})
+        elif event == "load_failed":
+            metric("llamaray_pool_loads_total").inc(1, {**tags, "outcome": "failed"})
+        elif event == "evicted":
+            metric("llamaray_pool_evictions_total").inc(1, {**tags, "reason": str(detail)})
+        metric("llamaray_pool_loaded_models").set(held, {"pool": self.pool})

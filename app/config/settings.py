@@ -136,6 +136,8 @@ class ModelConfig(BaseModel):
     adapters: list[AdapterConfig] | None = Field(
         None, description="LoRA adapters of this chat model (GGUF adapters made for its GGUF): each replica loads "
                           "them at start; a request names one as `model: \"<id>:<name>\"`, or several in `lora`")
+    pool: str | None = Field(None, description="the `pools:` entry whose replicas load this model on demand (no "
+                                               "deployment of its own)")
     # Embedding models (kind: embedding) only; `pooling` also for rerankers (kind: rerank), which need `rank`.
     pooling: Literal["mean", "cls", "last", "rank"] | None = Field(
         None, description="how token vectors become one vector per input (default: the GGUF's pooling_type); a "
@@ -381,10 +383,44 @@ class TracingConfig(BaseModel):
         return v
 
 
+POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class PoolConfig(BaseModel):
+    """A pool: one deployment (`LlamaPool-<name>`) whose replicas each hold up to `max_models` of its models,
+    loaded on a model's first request and evicted least recently used (app/pools/manager.py)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(description="the pool's name; its deployment is LlamaPool-<name>")
+    max_models: int = Field(2, ge=1, le=64, description="most models one replica holds loaded at once")
+    memory_budget_mib: float | None = Field(None, gt=0, description="most memory (MiB) the models one replica holds "
+                                            "may take together, each measured from its GGUF: the file's size plus "
+                                            "its KV cache at n_ctx x n_seq_max (none: only max_models bounds them)")
+    pinned: list[str] = Field(default_factory=list, description="model ids loaded when a replica starts and never "
+                                                                "evicted")
+    idle_unload_s: float = Field(0, ge=0, description="unload a model no request used for this long (0: only "
+                                                      "evicted to make room)")
+    catalogue: str | None = Field(None, description="a directory: every *.gguf in it is a model of this pool, its id "
+                                                    "the file's name without .gguf (an entry of `models` with that "
+                                                    "id wins); a projector beside it (mmproj-<id>.gguf) is used")
+    model_defaults: dict[str, Any] = Field(default_factory=dict, description="model-entry keys for the catalogue's "
+                                           "models (n_ctx, n_seq_max, n_threads...)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not POOL_NAME_RE.match(v):
+            raise ValueError("pool name must be 1-64 chars of letters, digits, '_', '.', '-'")
+        return v
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(default_factory=list)
+    pools: list[PoolConfig] = Field(default_factory=list, description="pools of models loaded on demand "
+                                    "(docs/configuration.md, Model pools)")
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
@@ -410,6 +446,12 @@ class AppArgs(BaseModel):
             if m.id in seen:
                 raise ValueError(f"model id {m.id!r} is configured twice")
             seen.add(m.id)
+        from .pools import expand_pools  # the pools' own rules, beside their catalogue reading
+
+        self.models = expand_pools(self.models, self.pools)
+        if not self.models:
+            raise ValueError("`models` is required: list at least one model (or give a pool a `catalogue` of GGUFs)")
+        seen = {m.id for m in self.models}
         for m in self.models:
             for a in m.adapters or []:
                 if f"{m.id}:{a.name}" in seen:  # `model` would name both the model and the adapter
@@ -488,6 +530,7 @@ class ModelSpec:
 
     def adapter(self, name: str) -> AdapterSpec | None:
         return next((a for a in self.adapters if a.name == name), None)
+    pool: str = ""  # ModelConfig.pool: served by that pool's replicas, not a deployment of its own
 
     @property
     def takes_images(self) -> bool:
@@ -659,6 +702,7 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         max_tokens_limit=cfg.max_tokens_limit, stream_interval_ms=cfg.stream_interval_ms,
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
+        pool=cfg.pool or "",
     )
 
 

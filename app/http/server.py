@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -68,11 +68,14 @@ class ModelCard:
     owned_by: str = "llamaray"
     created: int = 0
     parent: str | None = None  # a LoRA adapter's card (`<base>:<adapter>`): its base model's id
+    pool: str = ""  # the pool that loads it on demand (none: a deployment of its own)
 
     def to_dict(self) -> dict[str, Any]:
         card = {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
         if self.parent is not None:  # as vLLM lists its LoRA modules
             card.update(parent=self.parent, root=self.parent)
+        if self.pool:
+            card["pool"] = self.pool
         return card
 
 
@@ -86,6 +89,9 @@ def log_server_error(exc: BaseException) -> None:
         log.warning("%d %s: %s", api.status, api.code, api.message)
         api.logged = True
 
+
+PoolStates = Callable[[], Awaitable[dict[str, str]]]
+"""Each pooled model's state (loaded, loading, available), for /v1/models."""
 
 ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
 """A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
@@ -189,8 +195,9 @@ class Endpoints:
     """The route handlers, over the processing, the models' health, their cards and the server's settings."""
 
     def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
-                 settings: ServerSettings) -> None:
+                 settings: ServerSettings, pool_states: PoolStates | None = None) -> None:
         self.processing = processing
+        self.pool_states = pool_states
         self.health_cache = health
         self.cards = {m.id: m for m in models}
         self.settings = settings
@@ -307,13 +314,19 @@ class Endpoints:
         return req
 
     async def list_models(self, request: Request) -> Response:
-        return JSONBody({"object": "list", "data": [c.to_dict() for c in self.cards.values()]})
+        states = await self._pool_states()
+        return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()]})
 
     async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
         if model_id not in self.cards:
             return error_response(model_not_found(model_id))
-        return JSONBody(self.cards[model_id].to_dict())
+        return JSONBody(_with_state(self.cards[model_id], await self._pool_states()))
+
+    async def _pool_states(self) -> dict[str, str]:
+        if self.pool_states is None or not any(c.pool for c in self.cards.values()):
+            return {}
+        return await self.pool_states()
 
     async def health(self, request: Request) -> Response:
         states = await self.health_cache.get()
@@ -323,6 +336,15 @@ class Endpoints:
 
     async def openapi(self, request: Request) -> Response:
         return JSONBody(self.spec)
+
+
+def _with_state(card: ModelCard, pool_states: dict[str, str]) -> dict[str, Any]:
+    """A card, with a pooled model's state: `loaded` (a replica holds it), `loading`, or `available` (its first
+    request loads it)."""
+    body = card.to_dict()
+    if card.pool:
+        body["state"] = pool_states.get(card.id, "available")
+    return body
 
 
 def _all_ready(models: list[ModelCard]):
@@ -366,12 +388,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
-                   health: HealthCache | None = None) -> Starlette:
+                   health: HealthCache | None = None, pool_states: PoolStates | None = None) -> Starlette:
     """The app over `processing`. `health`: where /health reads the models' states (None: every model is
-    reported ready, for an app with no models of its own to watch)."""
+    reported ready, for an app with no models of its own to watch). `pool_states`: each pooled model's state
+    (loaded, loading, available) for /v1/models."""
     settings = settings or ServerSettings()
     health = health or HealthCache(_all_ready(models), [m.id for m in models])
-    api = Endpoints(processing, health, models, settings)
+    api = Endpoints(processing, health, models, settings, pool_states)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -484,7 +507,7 @@ def model_cards(specs: list[Any]) -> list[ModelCard]:
     created = int(time.time())
     cards = []
     for s in specs:
-        cards.append(ModelCard(id=s.id, owned_by=s.owned_by, created=created))
+        cards.append(ModelCard(id=s.id, owned_by=s.owned_by, created=created, pool=getattr(s, "pool", "")))
         cards += [ModelCard(id=f"{s.id}:{a.name}", owned_by=s.owned_by, created=created, parent=s.id)
                   for a in getattr(s, "adapters", ())]
     return cards

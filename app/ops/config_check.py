@@ -31,10 +31,16 @@ from .placement import (
     PREFIX_ROUTER_CLASS,
     apply_block,
     fits,
-    ingress_hosting_defaults,
     model_deployment_defaults,
     offloads,
     replica_request,
+)
+from .pools import (
+    pool_deployment_defaults,
+    pool_deployment_name,
+    pool_plan,
+    pool_problems,
+    single_hosting_defaults,
 )
 from ..routing.prefix_routing import ROUTER_KWARGS
 from ..prompt.preflight import preflight
@@ -114,19 +120,22 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         specs[model.id] = spec
         if notes is not None:
             notes.append(source_note(model, spec))
+    for pool in args.pools:
+        problems += pool_problems(pool_plan(pool, list(specs.values())))
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
-    models = {deployment_name(m.id): m for m in args.models}
+    models = {deployment_name(m.id): m for m in args.models if not m.pool}  # a pooled model has no deployment
+    pools = {pool_deployment_name(p.name): p for p in args.pools}
     single = args.topology == "single"
     for name in blocks:
-        if single and (name == "ChatProcessor" or name in models):
+        if single and (name == "ChatProcessor" or name in models or name in pools):
             problems.append(f"deployment {name!r} has a block, but `topology: single` runs everything inside the "
                             "Ingress (no such deployment): remove the block (render-config does), and give the "
                             "Ingress the models' resources")
-        elif name not in models and name not in CORE_DEPLOYMENTS:
-            known = ", ".join([*CORE_DEPLOYMENTS, *models])
+        elif name not in models and name not in CORE_DEPLOYMENTS and name not in pools:
+            known = ", ".join([*CORE_DEPLOYMENTS, *models, *pools])
             problems.append(f"deployment {name!r} matches no model (deployments of this app: {known})")
     if single:  # the Ingress is the only deployment, and it reserves what the models need
-        options = {"Ingress": apply_block(ingress_hosting_defaults(args.models), blocks.get("Ingress"))}
+        options = {"Ingress": apply_block(single_hosting_defaults(args), blocks.get("Ingress"))}
         for model in models.values():
             problems += _gpu_problems("Ingress", model, options["Ingress"], blocks.get("Ingress") or {})
     else:
@@ -134,10 +143,13 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         for name, model in models.items():
             options[name] = apply_block(model_deployment_defaults(model), blocks.get(name))
             problems += _model_problems(name, model, options[name], blocks.get(name) or {})
+        for name, pool in pools.items():
+            options[name] = apply_block(pool_deployment_defaults(pool, args.models), blocks.get(name))
     if cluster is not None:
         problems += fit_problems(options, cluster)
     if asks is not None:
         asks += _asks(options, args.models, specs, single, weights if weights is not None else {})
+        _pool_asks(asks, args.pools, single)
     return problems
 
 
@@ -152,6 +164,8 @@ def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: 
         if reserved:
             out[name].request["memory"] = reserved
     for model in models:
+        if model.pool:
+            continue  # counted as its pool's budget (_pool_asks)
         host = "Ingress" if single else deployment_name(model.id)
         spec, ask = specs.get(model.id), out.get(host)
         if spec is None or ask is None:
@@ -163,6 +177,19 @@ def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: 
             ask.request["memory"] = ask.request.get("memory", 0.0) + kv
         ask.memory_note = ask.memory_note or why
     return list(out.values())
+
+
+def _pool_asks(asks: list[Ask], pools: list[Any], single: bool) -> None:
+    """A pool replica asks its memory budget (what its models may take together), when it has one."""
+    by_name = {a.deployment: a for a in asks}
+    for pool in pools:
+        ask = by_name.get("Ingress" if single else pool_deployment_name(pool.name))
+        if ask is None:
+            continue
+        if pool.memory_budget_mib:
+            ask.request["memory"] = ask.request.get("memory", 0.0) + pool.memory_budget_mib * (1 << 20)
+        else:
+            ask.memory_note = ask.memory_note or f"pool {pool.name!r} has no memory_budget_mib: its models' memory not counted"
 
 
 def _gpu_problems(name: str, model: ModelConfig, options: dict[str, Any], block: dict[str, Any]) -> list[str]:

@@ -50,6 +50,7 @@ def without_unused_deployments(config: dict[str, Any]) -> dict[str, Any]:
         args = app.get("args") or {}
         if args.get("topology") != "single" or not app.get("deployments"):
             continue
-        unused = {"ChatProcessor", *(deployment_name(str(m.get("id"))) for m in args.get("models") or [])}
+        unused = {"ChatProcessor", *(deployment_name(str(m.get("id"))) for m in args.get("models") or []),
+                  *(f"LlamaPool-{p.get('name')}" for p in args.get("pools") or [] if isinstance(p, dict))}
         app["deployments"] = [d for d in app["deployments"] if d.get("name") not in unused]
     return out

@@ -1,0 +1,87 @@
+"""A pool as the operator plans it: each model's memory measured from its GGUF (the file plus its KV cache at
+n_ctx x n_seq_max, as check-config's capacity sum measures a model), the plan its replicas get, the pool
+deployment's default options, and check-config's problems (a model over the budget, pinned models that do not
+fit together)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
+from ..model_sources.gguf import GGUFError, read_metadata
+from ..pools.plan import MIB, PoolPlan, mib
+from .capacity import kv_cache_bytes
+from .placement import DEFAULT_MAX_REPLICAS, ingress_hosting_defaults
+
+
+def pool_deployment_name(pool: str) -> str:
+    """Name of a pool's deployment, as written in serve_config.yaml's `deployments:`."""
+    return f"LlamaPool-{pool}"
+
+
+def model_need(spec: ModelSpec) -> int:
+    """Bytes a model takes loaded: its GGUF's size plus its KV cache; 0 when its file is not here (a remote
+    model not fetched yet: not measured)."""
+    if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
+        return 0
+    try:
+        meta = read_metadata(spec.path)
+    except (GGUFError, OSError):
+        return 0
+    return Path(spec.path).stat().st_size + kv_cache_bytes(meta, spec.n_ctx, spec.n_seq_max)
+
+
+def pool_plan(pool: PoolConfig, specs: list[ModelSpec]) -> PoolPlan:
+    budget = int(pool.memory_budget_mib * MIB) if pool.memory_budget_mib else None
+    return PoolPlan(pool.name, pool.max_models, budget, tuple(dict.fromkeys(pool.pinned)), pool.idle_unload_s,
+                    {s.id: model_need(s) for s in specs if s.pool == pool.name})
+
+
+def pool_plans(args: AppArgs, specs: list[ModelSpec]) -> list[PoolPlan]:
+    return [pool_plan(pool, specs) for pool in args.pools]
+
+
+def pool_problems(plan: PoolPlan) -> list[str]:
+    """A model larger than the budget can never load; pinned models that do not fit together neither."""
+    if plan.budget_bytes is None:
+        return []
+    out = [f"pool {plan.name!r}: model {m!r} needs {mib(n)} (its GGUF plus its KV cache at n_ctx x n_seq_max), more "
+           f"than the pool's memory_budget_mib ({mib(plan.budget_bytes)}): it could never load; raise the budget, "
+           f"or lower its n_ctx or n_seq_max" for m, n in plan.needs.items() if n > plan.budget_bytes]
+    pinned = sum(plan.needs.get(m, 0) for m in plan.pinned)
+    if pinned > plan.budget_bytes:
+        out.append(f"pool {plan.name!r}: its pinned models ({', '.join(plan.pinned)}) need {mib(pinned)} together, "
+                   f"more than its memory_budget_mib ({mib(plan.budget_bytes)})")
+    return out
+
+
+def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dict[str, Any]:
+    """Options of `LlamaPool-<name>` without a block of its own, as a model deployment's
+    (placement.model_deployment_defaults): CPUs for the most threads one of its models runs (loaded models
+    share them), slots of max_models models, autoscaling between 1 and DEFAULT_MAX_REPLICAS replicas at about
+    3/4 of one model's slots busy. No prefix router: Serve's multiplexed routing sends a model's requests to
+    the replicas that hold it."""
+    members = [m for m in models if m.pool == pool.name]
+    threads = max((m.n_threads or 1 for m in members), default=1)
+    slots = max((m.n_seq_max for m in members), default=4)
+    gpu = any(m.n_gpu_layers not in (None, 0) for m in members)
+    return {
+        "max_ongoing_requests": slots * pool.max_models,
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": DEFAULT_MAX_REPLICAS,
+                               "target_ongoing_requests": max(1, math.ceil(slots * 3 / 4))},
+        "ray_actor_options": {"num_cpus": float(threads), "num_gpus": 1 if gpu else 0},
+    }
+
+
+def single_hosting_defaults(args: AppArgs) -> dict[str, Any]:
+    """The Ingress's options with `topology: single`: what the models of their own deployments would reserve
+    (placement.ingress_hosting_defaults), plus each pool's one replica."""
+    options = ingress_hosting_defaults([m for m in args.models if not m.pool])
+    actor = options["ray_actor_options"]
+    for pool in args.pools:
+        extra = pool_deployment_defaults(pool, args.models)["ray_actor_options"]
+        actor["num_cpus"] += extra["num_cpus"]
+        actor["num_gpus"] += extra["num_gpus"]
+    return options

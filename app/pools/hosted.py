@@ -1,0 +1,54 @@
+"""One pooled model as an engine host: the calls a model's host answers (generate, embed, tokenize...),
+each holding the model in its pool for as long as it runs (loading it first when it is cold). The pool's
+deployment and the single-shape Ingress serve a pooled model through it as they serve any other."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .manager import PoolManager
+
+
+class PooledHost:
+    def __init__(self, pool: PoolManager, model_id: str) -> None:
+        self.pool = pool
+        self.model_id = model_id
+
+    async def generate(self, request: Any, *, bounded: bool = False) -> AsyncIterator[Any]:
+        async with self.pool.use(self.model_id) as host:
+            async for batch in host.generate(request, bounded=bounded):
+                yield batch
+
+    async def embed(self, job: Any, *, bounded: bool = False) -> Any:
+        async with self.pool.use(self.model_id) as host:
+            return await host.embed(job, bounded=bounded)
+
+    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        async with self.pool.use(self.model_id) as host:
+            return await host.tokenize(text, add_special)
+
+    async def count_prompt(self, prompt: str, images: list[Any]) -> int:
+        async with self.pool.use(self.model_id) as host:
+            return await host.count_prompt(prompt, images)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        async with self.pool.use(self.model_id) as host:
+            return await host.detokenize(tokens)
+
+    def stats(self) -> dict[str, Any]:
+        host = self.pool.loaded().get(self.model_id)
+        pooled = {"pool": self.pool.plan.name, "pool_state": self.pool.state(self.model_id)}
+        return {**host.stats(), **pooled} if host is not None else {"model": self.model_id, **pooled}
+
+    def info(self) -> dict[str, Any]:
+        host = self.pool.loaded().get(self.model_id)
+        return {"pool": self.pool.plan.name, **(host.info() if host is not None else {})}
+
+    def check_health(self) -> None:
+        host = self.pool.loaded().get(self.model_id)
+        if host is not None:
+            host.check_health()
+
+    def close(self) -> None:
+        pass  # the pool's models are its own: PoolManager.close

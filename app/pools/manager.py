@@ -1,0 +1,193 @@
+"""A pool replica's models: up to `max_models` engines (and within a memory budget) loaded on a model's first
+request, least recently used idle ones evicted to make room, idle ones unloaded after `idle_unload_s`.
+
+Everything here runs on the replica's event loop (no lock: each decision is made between two awaits); the
+load itself is the `load` coroutine's, which runs llama.cpp off the loop. Concurrent requests for a cold model
+share one load. A model is never evicted while pinned, loading, or while a request uses it (`active`): a
+request holds its model for its whole stream, so a generation never loses its engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from ..api.errors import APIError, model_not_found, overloaded, service_unavailable
+from .plan import PoolPlan, mib
+
+log = logging.getLogger("llamaray.pool")
+
+Host = TypeVar("Host")
+PoolState = Literal["loaded", "loading", "available"]
+# What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
+Event = Literal["loaded", "load_failed", "evicted"]
+FULL_RETRY_AFTER_S = 2
+
+
+@dataclass
+class _Entry(Generic[Host]):
+    host: Host | None = None
+    loading: asyncio.Task | None = None
+    active: int = 0
+    last_used: float = 0.0
+
+
+class PoolManager(Generic[Host]):
+    """`load(model_id)` makes a model's host (an engine ready to serve) or raises why it cannot; `unload(host)`
+    frees one; `on_event(event, model_id, detail)` hears of loads, failures and evictions (metrics, routing)."""
+
+    def __init__(self, plan: PoolPlan, load: Callable[[str], Awaitable[Host]],
+                 unload: Callable[[Host], Awaitable[None]], *,
+                 on_event: Callable[[Event, str, Any], None] = lambda *_: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan = plan
+        self._load = load
+        self._unload = unload
+        self._on_event = on_event
+        self._clock = clock
+        self.entries: dict[str, _Entry[Host]] = {}
+        self._closing: set[asyncio.Task] = set()
+        self._reaper: asyncio.Task | None = None
+
+    # ---- what it holds ---------------------------------------------------------------------------------
+
+    def state(self, model_id: str) -> PoolState:
+        entry = self.entries.get(model_id)
+        if entry is None:
+            return "available"
+        return "loaded" if entry.host is not None else "loading"
+
+    def states(self) -> dict[str, PoolState]:
+        return {m: self.state(m) for m in self.plan.models}
+
+    def loaded(self) -> dict[str, Host]:
+        return {m: e.host for m, e in self.entries.items() if e.host is not None}
+
+    def used_bytes(self) -> int:
+        return sum(self.plan.needs.get(m, 0) for m in self.entries)
+
+    def adopt(self, model_id: str, host: Host) -> None:
+        """A model loaded before the loop serves (a pinned model, at the replica's start)."""
+        self.entries[model_id] = _Entry(host=host, last_used=self._clock())
+        self._on_event("loaded", model_id, 0.0)
+
+    # ---- using a model -----------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def use(self, model_id: str) -> AsyncIterator[Host]:
+        """The model's host, loaded first when it is not; held (never evicted) until the block ends."""
+        if model_id not in self.plan.needs:
+            raise model_not_found(model_id)
+        self._start_reaper()
+        entry = self.entries.get(model_id) or self._begin_load(model_id)
+        entry.active += 1
+        entry.last_used = self._clock()
+        try:
+            if entry.host is None:
+                assert entry.loading is not None
+                # Shielded: a waiter that leaves (a client gone) does not cancel the load the others wait on.
+                await asyncio.shield(entry.loading)
+            assert entry.host is not None
+            yield entry.host
+        finally:
+            entry.active -= 1
+            entry.last_used = self._clock()
+
+    def _begin_load(self, model_id: str) -> _Entry[Host]:
+        """Make room and start loading `model_id` (no await between the checks and the entry's insertion)."""
+        need, budget = self.plan.needs.get(model_id, 0), self.plan.budget_bytes
+        if budget is not None and need > budget:
+            raise service_unavailable(
+                f"model {model_id!r} needs {mib(need)} (its GGUF plus its KV cache), more than pool "
+                f"{self.plan.name!r}'s memory budget of {mib(budget)} (memory_budget_mib)", code="model_too_large")
+        while len(self.entries) >= self.plan.max_models or (budget is not None and self.used_bytes() + need > budget):
+            victim = self._lru_idle()
+            if victim is None:
+                busy = ", ".join(sorted(self.entries))
+                why = (f"{self.plan.max_models} models (max_models)" if len(self.entries) >= self.plan.max_models
+                       else f"{mib(self.used_bytes())} of its {mib(budget or 0)} memory budget")
+                raise overloaded(f"pool {self.plan.name!r} cannot load model {model_id!r} now: it holds {why}, all "
+                                 f"busy, pinned or loading ({busy}); retry shortly", retry_after_s=FULL_RETRY_AFTER_S)
+            self._evict(victim, "lru")
+        entry: _Entry[Host] = _Entry(last_used=self._clock())
+        entry.loading = asyncio.ensure_future(self._loaded(model_id, entry))
+        entry.loading.add_done_callback(_retrieved)
+        self.entries[model_id] = entry
+        return entry
+
+    async def _loaded(self, model_id: str, entry: _Entry[Host]) -> Host:
+        # Memory of the models just evicted is freed before this one takes its own.
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        started = self._clock()
+        try:
+            host = await self._load(model_id)
+        except BaseException as exc:
+            if self.entries.get(model_id) is entry:
+                del self.entries[model_id]
+            why = exc.message if isinstance(exc, APIError) else (str(exc) or type(exc).__name__)
+            self._on_event("load_failed", model_id, why)
+            log.error("pool %r: model %r failed to load: %s", self.plan.name, model_id, why)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise service_unavailable(f"model {model_id!r} could not be loaded (pool {self.plan.name!r}): {why}",
+                                      code="model_load_failed") from None
+        entry.host, entry.loading = host, None
+        self._on_event("loaded", model_id, self._clock() - started)
+        return host
+
+    def _lru_idle(self) -> str | None:
+        """The least recently used model that may go: loaded, not pinned, no request on it."""
+        idle = [(e.last_used, m) for m, e in self.entries.items()
+                if e.host is not None and e.active == 0 and m not in self.plan.pinned]
+        return min(idle)[1] if idle else None
+
+    def _evict(self, model_id: str, reason: str) -> None:
+        entry = self.entries.pop(model_id)
+        log.info("pool %r: unloading model %r (%s)", self.plan.name, model_id, reason)
+        task = asyncio.ensure_future(self._unload(entry.host))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        task.add_done_callback(_retrieved)
+        self._on_event("evicted", model_id, reason)
+
+    # ---- idle unloading ----------------------------------------------------------------------------------
+
+    def reap_idle(self) -> list[str]:
+        """Unload every model idle for idle_unload_s or longer (not pinned, no request on it)."""
+        if self.plan.idle_unload_s <= 0:
+            return []
+        now = self._clock()
+        gone = [m for m, e in self.entries.items() if e.host is not None and e.active == 0
+                and m not in self.plan.pinned and now - e.last_used >= self.plan.idle_unload_s]
+        for model_id in gone:
+            self._evict(model_id, "idle")
+        return gone
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None and self.plan.idle_unload_s > 0:
+            self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        interval = min(5.0, max(0.1, self.plan.idle_unload_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.reap_idle()
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for model_id in [m for m, e in self.entries.items() if e.host is not None]:
+            self._evict(model_id, "shutdown")
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Mark a background task's exception seen (its waiters, if any, got it)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,28 @@
+"""What one pool's replicas need to know, resolved at build time: its bounds and each model's measured need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """`needs`: each model's memory in bytes (its GGUF's size plus its KV cache; 0 when not measured: a
+    remote file not fetched at build time). `budget_bytes` None: no memory budget."""
+
+    name: str
+    max_models: int
+    budget_bytes: int | None = None
+    pinned: tuple[str, ...] = ()
+    idle_unload_s: float = 0.0
+    needs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.needs)
+
+
+def mib(n: int | float) -> str:
+    return f"{n / MIB:,.0f} MiB"

@@ -1,0 +1,166 @@
+"""LlamaPool: one deployment whose replicas each hold up to `max_models` of a pool's models (a PoolManager,
+app/pools/manager.py), each in an EngineHost of its own, loaded on a model's first request.
+
+A caller names the model with Serve's model multiplexing (`handle.options(multiplexed_model_id=<id>)`), so
+Serve routes the request to a replica that holds the model, or has it loading, when there is one. Which
+models a replica holds is the PoolManager's business (pinned, busy and budget aware), not Serve's own LRU:
+`_routed`, the `@serve.multiplexed` method, only records the model in Serve's routing table (no limit of its
+own), and the pool removes a model from that table when it unloads it (`PoolRouting.dropped`).
+
+Also the pool of the single-shape Ingress (`LocalPool`): the same PoolManager and hosts, no multiplexing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from ray import serve
+
+from app.api.errors import model_not_found
+from app.config.settings import ModelSpec, TracingConfig
+from app.engine import GenerationRequest
+from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
+from app.observe import tracing
+from app.pools.hosted import PooledHost
+from app.pools.manager import PoolManager
+from app.pools.plan import PoolPlan
+
+from . import pool_status
+from .engine_host import EngineHost
+from .metrics import PoolMetrics
+from .replica import replica_info
+
+logger = logging.getLogger("ray.serve")
+# Serve's attribute for a replica's multiplexing state (ray/serve/api.py, `multiplexed`).
+_SERVE_MULTIPLEX_ATTR = "__serve_multiplex_wrapper"
+
+
+class LocalPool:
+    """A pool's models in this process: a PoolManager over EngineHosts, its pinned models loaded now, each
+    load and unload counted in metrics. `on_change()` hears of every change of what it holds."""
+
+    def __init__(self, plan: PoolPlan, specs: list[ModelSpec], on_change=lambda event, model_id: None) -> None:
+        self.plan = plan
+        self.specs = {s.id: s for s in specs}
+        self.metrics = PoolMetrics(plan.name)
+        self._on_change = on_change
+        self.manager: PoolManager[EngineHost] = PoolManager(plan, self._load, self._unload, on_event=self._event)
+        self.hosts = {mid: PooledHost(self.manager, mid) for mid in self.specs}
+        for model_id in plan.pinned:  # a failed pinned load is tried again by its first request
+            try:
+                self.manager.adopt(model_id, _ready_host(self.specs[model_id]))
+            except RuntimeError as exc:
+                logger.error("pool %r: pinned model %r did not load: %s", plan.name, model_id, exc)
+
+    async def _load(self, model_id: str) -> EngineHost:
+        host = await asyncio.to_thread(EngineHost, self.specs[model_id])
+        while host.state().state in ("loading", "downloading"):  # a remote file being fetched
+            await asyncio.sleep(0.25)
+        state = host.state()
+        if not state.ready:
+            await asyncio.to_thread(host.close)
+            raise RuntimeError(state.reason or state.state)
+        return host
+
+    async def _unload(self, host: EngineHost) -> None:
+        await asyncio.to_thread(host.close)
+
+    def _event(self, event: str, model_id: str, detail: Any) -> None:
+        self.metrics.record(event, model_id, detail, len(self.manager.entries))
+        self._on_change(event, model_id)
+
+    def states(self) -> dict[str, str]:
+        return self.manager.states()
+
+    def close(self) -> None:
+        """Free every engine (the replica is going away)."""
+        for host in self.manager.loaded().values():
+            host.close()
+
+
+def _ready_host(spec: ModelSpec) -> EngineHost:
+    host = EngineHost(spec)
+    if host.engine is None:  # a pinned remote model: not waited for here; its first request loads it
+        host.close()
+        raise RuntimeError(host.state().reason or "its engine did not start")
+    return host
+
+
+@serve.deployment(name="LlamaPool", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
+class LlamaPool:
+    def __init__(self, plan: PoolPlan, specs: list[ModelSpec], tracing_config: TracingConfig | None = None) -> None:
+        tracing.configure(tracing_config)
+        context = serve.get_replica_context()
+        self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
+        self._publish_lock = threading.Lock()
+        self.pool = LocalPool(plan, specs, on_change=self._changed)
+        self._publish()
+
+    @serve.multiplexed(max_num_models_per_replica=-1)
+    async def _routed(self, model_id: str) -> str:
+        """Registers `model_id` in Serve's routing table for this replica (the pool does the loading)."""
+        return model_id
+
+    async def _host(self) -> PooledHost:
+        model_id = serve.get_multiplexed_model_id()
+        await self._routed(model_id)
+        host = self.pool.hosts.get(model_id)
+        if host is None:
+            raise model_not_found(model_id)
+        return host
+
+    def _changed(self, event: str, model_id: str) -> None:
+        if event in ("evicted", "load_failed"):
+            # Serve routes the model here no more; the next request for it goes to any replica.
+            wrapper = getattr(self, _SERVE_MULTIPLEX_ATTR, None)
+            if wrapper is not None:
+                wrapper.models.pop(model_id, None)
+                wrapper._push_multiplexed_replica_info = True
+        self._publish()
+
+    def _publish(self) -> None:
+        if not hasattr(self, "pool"):
+            return  # the pinned models load in the constructor; it publishes once the pool exists
+        with self._publish_lock:
+            pool_status.publish(*self._where, self.pool.states())
+
+    async def generate(self, request: GenerationRequest):
+        host = await self._host()
+        async for batch in host.generate(request):
+            yield batch
+
+    async def embed(self, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
+        return await (await self._host()).embed(job)
+
+    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return await (await self._host()).tokenize(text, add_special)
+
+    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+        return await (await self._host()).count_prompt(prompt, images)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        return await (await self._host()).detokenize(tokens)
+
+    async def stats(self) -> dict[str, Any]:
+        return (await self._host()).stats()
+
+    def pool_states(self) -> dict[str, str]:
+        """This replica's models: loaded, loading or available (tests and operators)."""
+        return self.pool.states()
+
+    def replica_info(self) -> dict[str, Any]:
+        return {**replica_info(), "pool": self.pool.plan.name, "models": self.pool.states()}
+
+    def check_health(self) -> None:
+        self._publish()
+        for host in self.pool.manager.loaded().values():
+            host.check_health()
+
+    def __del__(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
+        if getattr(self, "_where", None):
+            pool_status.withdraw(*self._where)

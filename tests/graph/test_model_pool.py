@@ -1,0 +1,132 @@
+"""A pool through a real app of its own, in each topology: four copies of the bundled GGUF under different ids
+in one pool with `max_models: 2` and one of them pinned. Graph: two LlamaPool replicas of one CPU each (the
+machine's two cores), so Serve's multiplexed routing chooses among replicas; single: the Ingress's one pool.
+Every model answers; /v1/models lists each with its state; a cold model's stream shows keep-alive comments
+while it loads, then its answer; evictions reach Prometheus, and the pinned model is never evicted."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from app.ops.pools import pool_deployment_name
+from tests.support.serve_harness import BUNDLED, POOL, SHAPES, ServeCluster, free_port, load_config, sse_json
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+PINNED = "pool-a"
+MODELS = [PINNED, "pool-b", "pool-c", "pool-d"]
+POOL_NAME = "tail"
+KEEPALIVE_S = 0.1
+
+
+def pool_config(shape: str) -> dict:
+    config = load_config("configs/local-cpu.yaml")
+    app = config["applications"][0]
+    # Only the pool's models: each one thread, a small context, no model of its own deployment.
+    app["args"]["models"] = [{"id": m, "model_path": BUNDLED, "pool": POOL_NAME, "n_ctx": 512, "n_seq_max": 2,
+                              "n_threads": 1, "n_gpu_layers": 0} for m in MODELS]
+    app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED]}]
+    app["args"]["limits"] = {"stream_keepalive_s": KEEPALIVE_S}
+    app["args"]["topology"] = shape
+    if shape == "single":
+        app["deployments"] = [{"name": "Ingress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+                               "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
+    else:
+        app["deployments"] = [
+            {"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
+            {"name": "ChatProcessor", "ray_actor_options": {"num_cpus": 0}},
+            {"name": pool_deployment_name(POOL_NAME), "max_ongoing_requests": 4,
+             "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
+             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}},
+        ]
+    return config
+
+
+@pytest.fixture(scope="module", params=["graph", "single"])
+def pcluster(request):
+    assert set(SHAPES) == {"graph", "single"}
+    POOL.release()
+    with ServeCluster(pool_config(request.param), num_cpus=2, metrics_port=free_port(),
+                      serve_local=request.param == "single") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(pcluster):
+    with httpx.Client(base_url=pcluster.url, timeout=120) as c:
+        yield c
+
+
+def chat(model: str, **kw) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6, **kw}
+
+
+def states(client) -> dict[str, dict]:
+    body = client.get("/v1/models").json()
+    return {card["id"]: card for card in body["data"]}
+
+
+def wait_for(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout_s}s (last: {last!r})")
+
+
+def metric_lines(cluster, name: str) -> list[str]:
+    text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
+    return [ln for ln in text.splitlines() if ln.startswith(f"ray_{name}{{")]
+
+
+def test_models_are_listed_with_their_pool_and_state(client):
+    cards = wait_for(lambda: (s := states(client)) and s[PINNED].get("state") == "loaded" and s, 30,
+                     "the pinned model listed as loaded")
+    assert set(cards) == set(MODELS)
+    for model in MODELS:
+        assert cards[model]["pool"] == POOL_NAME
+        assert cards[model]["state"] in ("loaded", "loading", "available")
+    assert {cards[m]["state"] for m in MODELS if m != PINNED} == {"available"}
+
+
+def test_a_cold_models_stream_keeps_alive_while_it_loads_then_answers(client):
+    assert states(client)["pool-b"]["state"] == "available"
+    with client.stream("POST", "/v1/chat/completions", json=chat("pool-b", stream=True)) as r:
+        assert r.status_code == 200
+        body = r.read().decode()
+    first_data = body.index("data: ")
+    assert ": keep-alive" in body[:first_data], body[:400]
+    chunks, events = sse_json(body)
+    assert events[-1] == "[DONE]"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert all(c["model"] == "pool-b" for c in chunks)
+    # /v1/models reads the replicas' published states, refreshed at most once a second.
+    wait_for(lambda: states(client)["pool-b"]["state"] == "loaded", 10, "pool-b listed as loaded")
+
+
+def test_every_model_answers_and_evictions_reach_metrics(pcluster, client):
+    for model in [*MODELS, *reversed(MODELS)]:  # 3 unpinned models through 1 free slot per replica
+        r = client.post("/v1/chat/completions", json=chat(model))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model"] == model and body["usage"]["completion_tokens"] >= 1
+    evictions = wait_for(lambda: metric_lines(pcluster, "llamaray_pool_evictions_total"), 30, "eviction metrics")
+    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in evictions) >= 1, evictions
+    assert all(f'pool="{POOL_NAME}"' in ln for ln in evictions)
+    assert not any(f'model="{PINNED}"' in ln for ln in evictions), evictions
+    loads = wait_for(lambda: [ln for ln in metric_lines(pcluster, "llamaray_pool_loads_total")
+                              if 'outcome="ok"' in ln], 30, "load metrics")
+    loaded_models = {m for m in MODELS if any(f'model="{m}"' in ln for ln in loads)}
+    assert loaded_models == set(MODELS)
+    assert states(client)[PINNED]["state"] == "loaded"
+
+
+def test_an_unknown_model_is_a_404_and_health_is_ok(client):
+    r = client.post("/v1/chat/completions", json=chat("pool-z"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert client.get("/health").status_code == 200

@@ -1,0 +1,254 @@
+"""PoolManager with a fake engine: loads on first use, LRU eviction of idle models only, pinned models kept,
+idle unloading, one load shared by concurrent cold requests, 503s for a full pool of busy models, a model
+over the budget and a failed load (the other models keep serving)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.api.errors import APIError
+from app.pools.hosted import PooledHost
+from app.pools.manager import PoolManager
+from app.pools.plan import MIB, PoolPlan
+
+
+class FakeEngine:
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self.closed = False
+
+    async def generate(self, request, *, bounded=False):
+        for piece in (f"{self.model_id}:", request):
+            yield [piece]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Loader:
+    """Counts loads; a model in `broken` fails to load; `gate` (when set) holds every load until released."""
+
+    def __init__(self, broken: dict[str, str] | None = None) -> None:
+        self.loads: list[str] = []
+        self.broken = broken or {}
+        self.gate: asyncio.Event | None = None
+        self.engines: dict[str, FakeEngine] = {}
+
+    async def load(self, model_id: str) -> FakeEngine:
+        self.loads.append(model_id)
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(0)
+        if model_id in self.broken:
+            raise RuntimeError(self.broken[model_id])
+        self.engines[model_id] = FakeEngine(model_id)
+        return self.engines[model_id]
+
+    async def unload(self, engine: FakeEngine) -> None:
+        engine.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(models=("a", "b", "c"), *, max_models=2, loader=None, clock=None, **plan):
+    loader = loader or Loader()
+    events: list[tuple[str, str, object]] = []
+    needs = plan.pop("needs", None) or {m: 0 for m in models}
+    manager = PoolManager(PoolPlan("tail", max_models, needs=needs, **plan), loader.load, loader.unload,
+                          on_event=lambda *e: events.append(e), clock=clock or Clock())
+    return manager, loader, events
+
+
+async def answer(manager: PoolManager, model_id: str, text: str = "hi") -> list[str]:
+    out = []
+    async for batch in PooledHost(manager, model_id).generate(text):
+        out += batch
+    return out
+
+
+def test_first_request_loads_and_the_model_answers():
+    async def run():
+        manager, loader, events = make()
+        assert manager.states() == {"a": "available", "b": "available", "c": "available"}
+        assert await answer(manager, "a") == ["a:", "hi"]
+        assert await answer(manager, "a", "again") == ["a:", "again"]
+        assert loader.loads == ["a"]
+        assert manager.state("a") == "loaded"
+        assert [e[:2] for e in events] == [("loaded", "a")]
+    asyncio.run(run())
+
+
+def test_least_recently_used_idle_model_is_evicted():
+    async def run():
+        clock = Clock()
+        manager, loader, events = make(clock=clock)
+        for model_id in ("a", "b", "a"):  # b is now the least recently used
+            clock.now += 1
+            await answer(manager, model_id)
+        clock.now += 1
+        assert await answer(manager, "c") == ["c:", "hi"]
+        await asyncio.sleep(0)
+        assert set(manager.loaded()) == {"a", "c"}
+        assert loader.engines["b"].closed and not loader.engines["a"].closed
+        assert ("evicted", "b", "lru") in events
+    asyncio.run(run())
+
+
+def test_pinned_model_is_never_evicted():
+    async def run():
+        clock = Clock()
+        manager, loader, events = make(("p", "a", "b", "c"), clock=clock, pinned=("p",))
+        manager.adopt("p", FakeEngine("p"))
+        for model_id in ("a", "b", "c", "a"):  # p is the least recently used throughout
+            clock.now += 1
+            assert await answer(manager, model_id) == [f"{model_id}:", "hi"]
+        assert "p" in manager.loaded()
+        assert not any(e[0] == "evicted" and e[1] == "p" for e in events)
+        assert [e[1] for e in events if e[0] == "evicted"] == ["a", "b", "c"]
+    asyncio.run(run())
+
+
+def test_idle_models_are_unloaded_after_idle_unload_s():
+    async def run():
+        clock = Clock()
+        manager, loader, events = make(("p", "a", "b"), max_models=3, clock=clock, idle_unload_s=60, pinned=("p",))
+        manager.adopt("p", FakeEngine("p"))
+        await answer(manager, "a")
+        clock.now += 30
+        await answer(manager, "b")
+        clock.now += 31  # a idle 61 s, b 31 s
+        assert manager.reap_idle() == ["a"]
+        clock.now += 30
+        assert manager.reap_idle() == ["b"]
+        assert set(manager.loaded()) == {"p"}
+        await manager.close()
+    asyncio.run(run())
+
+
+def test_a_model_in_use_is_not_unloaded_when_idle_time_passes():
+    async def run():
+        clock = Clock()
+        manager, _, _ = make(clock=clock, idle_unload_s=10)
+        async with manager.use("a"):
+            clock.now += 100
+            assert manager.reap_idle() == []
+        await manager.close()
+    asyncio.run(run())
+
+
+def test_concurrent_requests_for_a_cold_model_share_one_load():
+    async def run():
+        loader = Loader()
+        loader.gate = asyncio.Event()
+        manager, _, _ = make(loader=loader)
+        waiting = [asyncio.ensure_future(answer(manager, "a", str(i))) for i in range(5)]
+        await asyncio.sleep(0.01)
+        assert manager.state("a") == "loading"
+        loader.gate.set()
+        replies = await asyncio.gather(*waiting)
+        assert replies == [["a:", str(i)] for i in range(5)]
+        assert loader.loads == ["a"]
+    asyncio.run(run())
+
+
+def test_a_waiter_leaving_does_not_cancel_the_load_of_the_others():
+    async def run():
+        loader = Loader()
+        loader.gate = asyncio.Event()
+        manager, _, _ = make(loader=loader)
+        leaving = asyncio.ensure_future(answer(manager, "a", "1"))
+        staying = asyncio.ensure_future(answer(manager, "a", "2"))
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        loader.gate.set()
+        assert await staying == ["a:", "2"]
+        assert loader.loads == ["a"]
+    asyncio.run(run())
+
+
+def test_a_pool_full_of_busy_models_answers_503_with_retry_after():
+    async def run():
+        manager, loader, _ = make()
+        async with manager.use("a"), manager.use("b"):
+            with pytest.raises(APIError) as refused:
+                await answer(manager, "c")
+        assert refused.value.status == 503 and refused.value.code == "overloaded"
+        assert refused.value.headers["Retry-After"].isdigit()
+        assert "'tail'" in refused.value.message and "'c'" in refused.value.message
+        assert loader.loads == ["a", "b"]
+        assert await answer(manager, "c") == ["c:", "hi"]  # once one is free, it makes room
+    asyncio.run(run())
+
+
+def test_a_loading_model_is_not_evicted():
+    async def run():
+        loader = Loader()
+        loader.gate = asyncio.Event()
+        manager, _, _ = make(max_models=1, loader=loader)
+        first = asyncio.ensure_future(answer(manager, "a"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(APIError) as refused:
+            await answer(manager, "b")
+        assert refused.value.status == 503
+        loader.gate.set()
+        assert await first == ["a:", "hi"]
+    asyncio.run(run())
+
+
+def test_a_model_larger_than_the_budget_is_a_503_naming_the_budget():
+    async def run():
+        needs = {"small": 100 * MIB, "huge": 900 * MIB}
+        manager, loader, _ = make(("small", "huge"), needs=needs, budget_bytes=512 * MIB)
+        with pytest.raises(APIError) as refused:
+            await answer(manager, "huge")
+        assert refused.value.status == 503 and refused.value.code == "model_too_large"
+        assert "900 MiB" in refused.value.message and "512 MiB" in refused.value.message
+        assert loader.loads == []
+        assert await answer(manager, "small") == ["small:", "hi"]
+    asyncio.run(run())
+
+
+def test_the_budget_evicts_until_the_new_model_fits():
+    async def run():
+        clock = Clock()
+        needs = {"a": 300 * MIB, "b": 300 * MIB, "c": 300 * MIB}
+        manager, _, events = make(needs=needs, max_models=3, budget_bytes=700 * MIB, clock=clock)
+        for model_id in ("a", "b", "c"):
+            clock.now += 1
+            await answer(manager, model_id)
+        assert set(manager.loaded()) == {"b", "c"}
+        assert ("evicted", "a", "lru") in events
+    asyncio.run(run())
+
+
+def test_a_failed_load_is_a_503_naming_the_cause_and_the_others_keep_serving():
+    async def run():
+        loader = Loader(broken={"b": "not a GGUF file: bad magic"})
+        manager, _, events = make(loader=loader)
+        assert await answer(manager, "a") == ["a:", "hi"]
+        with pytest.raises(APIError) as failed:
+            await answer(manager, "b")
+        assert failed.value.status == 503 and failed.value.code == "model_load_failed"
+        assert "bad magic" in failed.value.message and "'b'" in failed.value.message
+        assert manager.state("b") == "available"  # the next request tries again
+        assert ("load_failed", "b", "not a GGUF file: bad magic") in events
+        assert await answer(manager, "a", "still") == ["a:", "still"]
+        assert await answer(manager, "c") == ["c:", "hi"]
+    asyncio.run(run())
+
+
+def test_an_unknown_model_is_a_404():
+    async def run():
+        manager, _, _ = make()
+        with pytest.raises(APIError) as missing:
+            await answer(manager, "nope")
+        assert missing.value.status == 404 and missing.value.code == "model_not_found"
+    asyncio.run(run())
