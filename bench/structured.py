@@ -9,7 +9,9 @@ over 20 tools (the grammar and prompt that plan_tools makes); `gbnf`, a client G
 two variants on one engine: `plain` (no grammar) and `constrained` (its grammar: llguidance's mask, computed
 beside the decode, applied before the sampler chain). The variants take turns within each round, their
 order alternating round by round (this machine's speed moves over minutes); each cell is the median over
-the rounds. Per cell: completion tok/s of a wave of `c` requests submitted together, TTFT (median over
+the rounds. Per cell: the decode rate while all `c` streams of a wave generate (tokens per second from
+the last stream's first token to the first stream's end: the same batch in both variants), the wave's
+completion tok/s (all its tokens over its wall time: shorter constrained replies and prefill move it), TTFT (median over
 requests; it includes the request's grammar compile, as the server pays it), the engine thread's CPU time
 in sampling per token (thread_time: less moved by other processes than wall time), and how many finished
 replies are valid (jsonschema) against their schema. `compile_ms`: the request's grammar made (schema ->
@@ -176,15 +178,20 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
     started: dict[int, float] = {}
     texts: dict[int, list[str]] = {k: [] for k in range(n)}
     ends: dict[int, Any] = {}
+    ended: dict[int, float] = {}
+    produced: list[tuple[float, int]] = []  # (when, tokens) of every Text event
 
     def sink_for(k: int):
         def sink(ev: Any) -> None:
+            now = time.perf_counter()
             with lock:
                 if isinstance(ev, Text):
-                    first_text.setdefault(k, time.perf_counter())
+                    first_text.setdefault(k, now)
                     texts[k].append(ev.text)
+                    produced.append((now, ev.tokens))
                 if isinstance(ev, (Finished, Failed)):
                     ends[k] = ev
+                    ended[k] = now
                     done[k].set()
         return sink
 
@@ -205,7 +212,13 @@ def wave(engine: LlamaEngine, work: Workload, variant: str, n: int, max_tokens: 
     tokens = sum(e.completion_tokens for e in ends.values())
     finished = [k for k, e in ends.items() if e.finish_reason == "stop"]
     valid = sum(1 for k in finished if work.check is None or work.check("".join(texts[k])))
+    # Decode rate while all n streams generate (from the last one's first token to the first one's end):
+    # the same batch either way, unlike the wave's tok/s, which a grammar's shorter replies and the
+    # prompts' prefill move.
+    lo, hi = max(first_text.values()), min(ended.values())
+    in_window = sum(t for when, t in produced if lo < when <= hi)
     return {"tok_s": tokens / wall, "tokens": tokens,
+            "decode_tok_s": in_window / (hi - lo) if hi > lo and in_window else float("nan"),
             "ttft_ms": statistics.median((first_text[k] - started[k]) * 1000 for k in first_text),
             "sample_cpu_ms": 1000 * _sampling["cpu_s"] / max(1, tokens),
             "finished": len(finished), "valid": valid}
@@ -288,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--masks", choices=("beside", "after"), default="beside",
+                    help="grammar masks computed beside the decode (the server's way) or by the sampler after it")
     ap.add_argument("--mix", type=int, default=0, metavar="N",
                     help="instead: N plain streams beside N of each workload's requests, unconstrained and "
                          "constrained in turn; prints the plain streams' inter-token gaps")
@@ -305,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     _count_sampling()
     engine = LlamaEngine(spec).start()
     engine.spec = spec
+    engine.masks_beside_decode = ns.masks == "beside"
+    engine.grammar_tokenizer()  # built once per replica, before its first grammar: not a request's TTFT
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     if ns.mix:
         try:
@@ -343,17 +360,19 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]], compiles: dic
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(row[key] for row in rows)
 
-    lines = ["| workload | c | plain tok/s | constrained tok/s | TTFT ms plain / constrained "
-             "| sampling CPU ms/token plain / constrained | valid / finished | compile ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | c | decode tok/s plain | decode tok/s constrained | wave tok/s plain / constrained "
+             "| TTFT ms plain / constrained | sampling CPU ms/token plain / constrained | valid / finished "
+             "| compile ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for cell, variants in results.items():
         name, c = cell.rsplit(" c=", 1)
-        plain, constrained = (med(variants[v], "tok_s") for v in VARIANTS)
+        plain, constrained = (med(variants[v], "decode_tok_s") for v in VARIANTS)
+        wave_rate = " / ".join(f"{med(variants[v], 'tok_s'):.1f}" for v in VARIANTS)
         ttft = " / ".join(f"{med(variants[v], 'ttft_ms'):.0f}" for v in VARIANTS)
         cpu = " / ".join(f"{med(variants[v], 'sample_cpu_ms'):.2f}" for v in VARIANTS)
         rows = variants["constrained"]
         lines.append(
-            f"| {name} | {c} | {plain:.1f} | {constrained:.1f} ({constrained / plain:.2f}x) | {ttft} | {cpu} "
+            f"| {name} | {c} | {plain:.1f} | {constrained:.1f} ({constrained / plain:.2f}x) | {wave_rate} | {ttft} | {cpu} "
             f"| {sum(r['valid'] for r in rows)} / {sum(r['finished'] for r in rows)} "
             f"| {compiles.get(name, float('nan')):.1f} |")
     return "\n".join(lines)

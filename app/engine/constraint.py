@@ -52,6 +52,9 @@ def grammar_tokenizer(vocab: Any) -> LLTokenizer:
     return lltokenizer_from_vocab(vocab, eos_token=eog)
 
 
+_PENALTY = np.array([-np.inf, 0.0], dtype=np.float32)  # what a token's mask bit (0, 1) adds to its logit
+
+
 class GrammarRefused(ValueError):
     """llguidance refused the grammar against this vocabulary; `unsatisfiable`: it compiled, but no token
     can start a reply."""
@@ -74,6 +77,9 @@ class Constraint:
             raise GrammarRefused(self.matcher.get_error())
         self.n_vocab = n_vocab
         self.mask = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        self.penalty = np.zeros(n_vocab, dtype=np.float32)  # the mask unpacked: -inf where a token is ruled out
+        self.none_allowed = True
+        self.pending: int | None = None  # the token taken, consumed by the next fill (beside the decode)
         # The first mask now, on the preparing thread: it builds the lexer's first states (the costly
         # part of a large grammar), and a grammar llguidance gives up on is refused before it is queued.
         try:
@@ -88,14 +94,27 @@ class Constraint:
         tokens = list(tokens)
         if not tokens:
             return True
+        if self.pending is not None:
+            token, self.pending = self.pending, None
+            guarded(self.matcher.consume_token, token)
         if guarded(self.matcher.validate_tokens, tokens) < len(tokens):
             return False
         self.fresh = False
         return guarded(self.matcher.consume_tokens, tokens)
 
     def fill(self) -> None:
-        """The mask for the matcher's present state (all zeros if the matcher is in error)."""
+        """The mask for the matcher's present state, the token taken last consumed first (a token the
+        matcher refuses leaves it in error: its next `restrict` says no token is allowed)."""
+        if self.pending is not None:
+            token, self.pending = self.pending, None
+            guarded(self.matcher.consume_token, token)
         guarded(self.matcher.unsafe_compute_mask_ptr, self.mask.ctypes.data, self.mask.nbytes)
+        # Unpacked here, so the worker thread does it beside the decode, not the sampler after it: 0 where a
+        # token is allowed, -inf where not, added to the logits (branch-free: a select over a mixed mask
+        # costs several times more).
+        allowed = np.unpackbits(self.mask.view(np.uint8), count=self.n_vocab, bitorder="little")
+        np.take(_PENALTY, allowed, out=self.penalty)
+        self.none_allowed = not allowed.any()
         self.fresh = True
 
     def restrict(self, logits: np.ndarray) -> bool:
@@ -105,13 +124,15 @@ class Constraint:
             self.fill()
         if self.matcher.is_error():  # its mask then holds only the ends of generation: not a reply
             return False
-        allowed = np.unpackbits(self.mask.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
-        np.copyto(logits, -np.inf, where=~allowed)
-        return bool(allowed.any())
+        if self.none_allowed:
+            return False
+        np.add(logits, self.penalty, out=logits)
+        return True
 
     def take(self, token: int) -> None:
-        if not guarded(self.matcher.consume_token, token):
-            raise ValueError(self.matcher.get_error() or f"the grammar does not allow token {token}")
+        """`token` was sampled (from this mask, so the grammar allows it): the matcher consumes it with the
+        next fill, on the mask worker's thread when the step has one."""
+        self.pending = token
         self.fresh = False
 
     def error(self) -> str:

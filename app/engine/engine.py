@@ -102,6 +102,8 @@ class LlamaEngine:
         self._grammar_tokenizer: Any = None  # llguidance's view of the vocabulary, built by the first grammar
         self._grammar_lock = threading.Lock()
         self._masks = MaskWorker()
+        # False: each sampler computes its mask after the decode (bench.structured's comparison)
+        self.masks_beside_decode = True
         # LoRA adapters: loaded by name; unloaded ones wait in _retired until no generation holds them.
         self._adapters: dict[str, LoraAdapter] = {}
         self._retired: list[LoraAdapter] = []
@@ -463,7 +465,8 @@ class LlamaEngine:
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
-        sampler = SamplerChain(self.llama, params, self.grammar_tokenizer() if params.grammar else None)
+        sampler = SamplerChain(self.llama, params, self.grammar_tokenizer() if params.grammar else None,
+                               keep_logits=req.logprobs is not None)
         if sampler.advance(req.continue_tokens):
             return sampler
         # A continued reply whose tokens do not fit the grammar: continue unconstrained.
@@ -615,7 +618,7 @@ class LlamaEngine:
         # The grammars' masks for this step's samples, computed while the batch decodes.
         masks = self._masks.start([slot.gen.sampler.constraint for slot, _ in planned
                                    if slot.gen.logits_at >= 0 and slot.gen.sampler is not None
-                                   and slot.gen.sampler.constraint is not None])
+                                   and slot.gen.sampler.constraint is not None]) if self.masks_beside_decode else None
         rc = decode(self.llama, self._batch)
         self._masks.wait(masks)
         self.steps += 1

@@ -422,9 +422,11 @@ class SamplerChain:
     `constraint` (llguidance), applied to the logits as the first stage: the chain samples from the
     tokens the grammar allows, as llama.cpp's grammar-first order does, at the cost of one mask."""
 
-    def __init__(self, llama: LlamaModelContext, p: SamplingParams, grammar_tokenizer: Any = None) -> None:
+    def __init__(self, llama: LlamaModelContext, p: SamplingParams, grammar_tokenizer: Any = None,
+                 keep_logits: bool = False) -> None:
         self.llama = llama
         self.params = p
+        self.keep_logits = keep_logits  # the raw logits are read after sampling (logprobs): mask a copy
         self._candidates: _Candidates | None = None
         self.constraint: Constraint | None = None
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -472,17 +474,28 @@ class SamplerChain:
         if self.constraint is None:
             # llama_sampler_sample also accepts the token into every sampler (the penalties' history).
             return int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
-        cur = self._load(batch_index)
-        assert self._candidates is not None
-        if not self.constraint.restrict(self._candidates.view["logit"]):
-            raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
-        L.llama_sampler_apply(self.chain, ctypes.byref(cur))
-        token = self._selected(cur)
-        if token is None:
-            raise NoValidToken("the grammar allows no token at this point of the reply")
+        if not self.keep_logits:
+            # The mask written into llama.cpp's own row of logits, then its sampler as for any request:
+            # one pass over the row beyond an unconstrained token's cost.
+            row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.llama.ctx, batch_index),
+                                        shape=(self.llama.n_vocab,))
+            if not self.constraint.restrict(row):
+                raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
+            token = int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
+        else:
+            # The row stays the model's own (its logprobs are read from it after sampling): masked in a copy.
+            cur = self._load(batch_index)
+            assert self._candidates is not None
+            if not self.constraint.restrict(self._candidates.view["logit"]):
+                raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
+            L.llama_sampler_apply(self.chain, ctypes.byref(cur))
+            selected = self._selected(cur)
+            if selected is None:
+                raise NoValidToken("the grammar allows no token at this point of the reply")
+            token = selected
+            L.llama_sampler_accept(self.chain, token)
         if not self.llama.is_eog(token):  # an end of generation ends the sequence: nothing follows it
             self.constraint.take(token)
-        L.llama_sampler_accept(self.chain, token)
         return token
 
     def _load(self, batch_index: int) -> Any:

@@ -30,8 +30,9 @@ def test_the_checks_accept_a_valid_reply_and_refuse_others():
 
 def test_the_table_puts_the_constrained_run_beside_the_plain_one():
     def row(tok_s):
-        return {"tok_s": tok_s, "ttft_ms": 10.0, "sample_cpu_ms": 0.25, "finished": 1, "valid": 1}
+        return {"tok_s": tok_s, "decode_tok_s": tok_s + 10, "ttft_ms": 10.0, "sample_cpu_ms": 0.25, "finished": 1,
+                "valid": 1}
     results = {"json-small c=1": {"plain": [row(100.0), row(80.0)], "constrained": [row(90.0), row(88.0)]}}
     line = summarize(results, {"json-small": 1.5}).splitlines()[-1]
-    assert line.startswith("| json-small | 1 | 90.0 | 89.0 (0.99x) | 10 / 10 |"), line
+    assert line.startswith("| json-small | 1 | 100.0 | 99.0 (0.99x) | 90.0 / 89.0 | 10 / 10 |"), line
     assert line.endswith("| 0.25 / 0.25 | 2 / 2 | 1.5 |"), line

@@ -106,7 +106,7 @@ def test_greedy_takes_the_most_likely_token_the_grammar_allows(llama, tokenizer,
 
     def follow(token: int) -> None:
         if not llama.is_eog(token):
-            judge.take(token)
+            judge.matcher.consume_token(token)
 
     chain = SamplerChain(llama, SamplingParams(grammar=grammar, **GREEDY), tokenizer)
     tokens = generate(llama, prompt, chain, 6, before_sample=best_allowed, after_sample=follow)
