@@ -301,8 +301,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
-    ap.add_argument("--masks", choices=("beside", "after"), default="beside",
-                    help="grammar masks computed beside the decode (the server's way) or by the sampler after it")
+    ap.add_argument("--masks", choices=("auto", "beside", "after"), default="auto",
+                    help="grammar masks computed beside the decode, or by the sampler (a greedy token checked "
+                         "first); auto: as the server decides (beside where a core is free for them)")
     ap.add_argument("--mix", type=int, default=0, metavar="N",
                     help="instead: N plain streams beside N of each workload's requests, unconstrained and "
                          "constrained in turn; prints the plain streams' inter-token gaps")
@@ -320,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     _count_sampling()
     engine = LlamaEngine(spec).start()
     engine.spec = spec
-    engine.masks_beside_decode = ns.masks == "beside"
+    if ns.masks != "auto":
+        engine.masks_beside_decode = ns.masks == "beside"
     engine.grammar_tokenizer()  # built once per replica, before its first grammar: not a request's TTFT
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     if ns.mix:

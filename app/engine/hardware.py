@@ -130,3 +130,19 @@ def crash_hints(info: str | None) -> list[str]:
                      "rebuild it here (`make install`), or for images use the portable build "
                      "(tools/llama_build.py --portable: every CPU variant, chosen at run time)")
     return hints
+
+
+def spare_core_for_masks(spec: Any) -> bool:
+    """Whether a constrained step's grammar masks can be computed beside its decode without slowing it: the
+    model decodes on a GPU, or its decode threads leave a core of this process's free."""
+    import os
+
+    import llama_cpp as L
+
+    if spec.n_gpu_layers and L.llama_supports_gpu_offload():
+        return True
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(spec.n_threads, spec.n_threads_batch) < cores

@@ -427,6 +427,9 @@ class SamplerChain:
         self.llama = llama
         self.params = p
         self.keep_logits = keep_logits  # the raw logits are read after sampling (logprobs): mask a copy
+        # greedy without penalties: sampling a token changes no sampler's state, so it may be tried first
+        self.stateless = p.temperature <= 0 and p.repeat_penalty == 1.0 and not p.frequency_penalty \
+            and not p.presence_penalty
         self._candidates: _Candidates | None = None
         self.constraint: Constraint | None = None
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
@@ -475,6 +478,16 @@ class SamplerChain:
             # llama_sampler_sample also accepts the token into every sampler (the penalties' history).
             return int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
         if not self.keep_logits:
+            if self.stateless and not self.constraint.fresh:
+                # No mask ready (no spare core computed it beside the decode): the token greedy picks is
+                # checked first (microseconds); only when the grammar refuses it is the mask computed.
+                # Greedy picks what it would pick from the masked row: the best token, if allowed, is the
+                # best allowed one.
+                token = int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
+                if self.constraint.allows(token):
+                    if not self.llama.is_eog(token):
+                        self.constraint.take(token)
+                    return token
             # The mask written into llama.cpp's own row of logits, then its sampler as for any request:
             # one pass over the row beyond an unconstrained token's cost.
             row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.llama.ctx, batch_index),
