@@ -63,9 +63,9 @@ def test_sampler_chains_are_built_in_prepare_never_on_the_decode_thread(engine, 
     built_on = []
     real = engine_mod.SamplerChain
 
-    def recording(llama, params, *grammar_tokenizer):
+    def recording(llama, params, *args, **kwargs):
         built_on.append(threading.current_thread().name)
-        return real(llama, params, *grammar_tokenizer)
+        return real(llama, params, *args, **kwargs)
 
     monkeypatch.setattr(engine_mod, "SamplerChain", recording)
     box = EventBox(3)
