@@ -125,10 +125,13 @@ def _tools_workload() -> Workload:
     return Workload("tools-20", build, check)
 
 
+def _list_prompt(template: str, i: int) -> str:
+    return render_prompt(template, [{"role": "user", "content": f"List some fruits (list #{i})."}])
+
+
 def _gbnf_workload() -> Workload:
     def build(template: str, i: int) -> tuple[str, str]:
-        prompt = render_prompt(template, [{"role": "user", "content": f"List some fruits (list #{i})."}])
-        return prompt, client_gbnf(GBNF, Limits())
+        return _list_prompt(template, i), client_gbnf(GBNF, Limits())
     return Workload("gbnf", build, None)
 
 
@@ -247,8 +250,8 @@ def mixed_wave(engine: LlamaEngine, work: Workload, constrained: bool, n: int, m
 
     template = engine.spec.chat_template
     for k in range(total):
-        if k < n:
-            prompt, grammar = _gbnf_workload().build(template, first + k)[0], None
+        if k < n:  # the gbnf workload's prompt, without its grammar
+            prompt, grammar = _list_prompt(template, first + k), None
         else:
             prompt, grammar = work.build(template, first + k)
         sampling = SamplingParams(temperature=0.0, grammar=grammar if (constrained and k >= n) else None)

@@ -60,8 +60,13 @@ class GrammarRefused(ValueError):
     can start a reply."""
 
     def __init__(self, message: str, unsatisfiable: bool = False) -> None:
-        super().__init__(message.replace("<non-verbose/>", "").strip())
+        super().__init__(_readable(message))
         self.unsatisfiable = unsatisfiable
+
+
+def _readable(message: str) -> str:
+    """llguidance's message without the marker its non-verbose errors end with."""
+    return message.replace("<non-verbose/>", "").strip()
 
 
 class Constraint:
@@ -94,9 +99,7 @@ class Constraint:
         tokens = list(tokens)
         if not tokens:
             return True
-        if self.pending is not None:
-            token, self.pending = self.pending, None
-            guarded(self.matcher.consume_token, token)
+        self._consume_pending()
         if guarded(self.matcher.validate_tokens, tokens) < len(tokens):
             return False
         self.fresh = False
@@ -105,9 +108,7 @@ class Constraint:
     def fill(self) -> None:
         """The mask for the matcher's present state, the token taken last consumed first (a token the
         matcher refuses leaves it in error: its next `restrict` says no token is allowed)."""
-        if self.pending is not None:
-            token, self.pending = self.pending, None
-            guarded(self.matcher.consume_token, token)
+        self._consume_pending()
         guarded(self.matcher.unsafe_compute_mask_ptr, self.mask.ctypes.data, self.mask.nbytes)
         # Unpacked here, so the worker thread does it beside the decode, not the sampler after it: 0 where a
         # token is allowed, -inf where not, added to the logits (branch-free: a select over a mixed mask
@@ -122,9 +123,7 @@ class Constraint:
         else by the matcher, token by token (microseconds)."""
         if self.fresh:
             return not self.none_allowed and self.penalty[token] == 0.0
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            guarded(self.matcher.consume_token, pending)
+        self._consume_pending()
         return guarded(self.matcher.validate_tokens, [token]) == 1
 
     def restrict(self, logits: np.ndarray) -> bool:
@@ -139,6 +138,11 @@ class Constraint:
         np.add(logits, self.penalty, out=logits)
         return True
 
+    def _consume_pending(self) -> None:
+        if self.pending is not None:
+            token, self.pending = self.pending, None
+            guarded(self.matcher.consume_token, token)
+
     def take(self, token: int) -> None:
         """`token` was sampled (from this mask, so the grammar allows it): the matcher consumes it with the
         next fill, on the mask worker's thread when the step has one."""
@@ -146,7 +150,7 @@ class Constraint:
         self.fresh = False
 
     def error(self) -> str:
-        return self.matcher.get_error().replace("<non-verbose/>", "").strip()
+        return _readable(self.matcher.get_error())
 
 
 class MaskWorker:

@@ -401,6 +401,9 @@ class NoValidToken(RuntimeError):
     """Every token was ruled out (by the grammar): this request cannot go on."""
 
 
+_NO_TOKEN = "the grammar allows no token at this point of the reply"
+
+
 class _Candidates:
     """A reusable llama_token_data_array over the whole vocabulary, filled from a row of logits."""
 
@@ -493,18 +496,18 @@ class SamplerChain:
             row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.llama.ctx, batch_index),
                                         shape=(self.llama.n_vocab,))
             if not self.constraint.restrict(row):
-                raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
+                raise NoValidToken(self.constraint.error() or _NO_TOKEN)
             token = int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
         else:
             # The row stays the model's own (its logprobs are read from it after sampling): masked in a copy.
             cur = self._load(batch_index)
             assert self._candidates is not None
             if not self.constraint.restrict(self._candidates.view["logit"]):
-                raise NoValidToken(self.constraint.error() or "the grammar allows no token at this point of the reply")
+                raise NoValidToken(self.constraint.error() or _NO_TOKEN)
             L.llama_sampler_apply(self.chain, ctypes.byref(cur))
             selected = self._selected(cur)
             if selected is None:
-                raise NoValidToken("the grammar allows no token at this point of the reply")
+                raise NoValidToken(_NO_TOKEN)
             token = selected
             L.llama_sampler_accept(self.chain, token)
         if not self.llama.is_eog(token):  # an end of generation ends the sequence: nothing follows it
