@@ -18,7 +18,7 @@ from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
 from app.serving.processing import APIRequest, Processor
-from app.serving.traced import traced_models
+from app.serving.traced_models import traced_models
 
 from .error_mapping import call_mapped
 from .handles import StreamHop, unary

@@ -29,7 +29,8 @@ from app.ops.pools import pool_deployment_name
 from app.pools.plan import PoolPlan
 from app.serving.models import READY, ModelState
 from app.serving.processing import Processing, Processor
-from app.serving.traced import traced_models, traced_processing
+from app.serving.traced import traced_processing
+from app.serving.traced_models import traced_models
 
 from .chat_processor import RemoteProcessing
 from .engine_host import EngineHost

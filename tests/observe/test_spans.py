@@ -22,7 +22,8 @@ from app.api.schemas import parse_chat_request
 from app.http.server import TraceMiddleware, build_http_app, model_cards
 from app.generation.caller import ANONYMOUS
 from app.serving.processing import Processor
-from app.serving.traced import HopProcessing, TracedModels, traced_models, traced_processing
+from app.serving.traced import HopProcessing, traced_processing
+from app.serving.traced_models import TracedModels, traced_models
 from tests.support.events import run_until_idle
 from tests.support.otlp_collector import OTLPCollector
 from tests.support.grammars import gbnf
