@@ -43,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="what the deployments at their fewest replicas must fit together: local = this "
                             "machine as one Ray node; auto (default) = the --cluster file when given, else this "
                             "machine when the config serves on 127.0.0.1 (it runs here); none = no sum")
+    keys = sub.add_parser("hash-key", help="print the SHA-256 of an API key (read from stdin, so it stays out of "
+                                           "the shell's history) for a keys file's `key_sha256`; --new NAME makes "
+                                           "a random key and prints it once with its keys-file entry")
+    keys.add_argument("--new", metavar="NAME", help="the tenant name of a new key")
     ns = parser.parse_args(argv)
+
+    if ns.cmd == "hash-key":
+        return hash_key(ns.new)
 
     if ns.cmd == "serve-local":
         return serve_local(ns.config, dry_run=ns.dry_run)
@@ -115,3 +122,21 @@ def serve_local(config_path: Path, *, dry_run: bool = False) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def hash_key(new_name: str | None) -> int:
+    from app.tenants.policies import key_hash
+
+    if new_name is None:
+        key = sys.stdin.readline().strip()
+        if not key:
+            print("hash-key: no key on stdin", file=sys.stderr)
+            return 2
+        print(key_hash(key))
+        return 0
+    import secrets
+
+    key = "sk-llamaray-" + secrets.token_urlsafe(32)
+    print(f"# the key (shown once; give it to {new_name}): {key}", file=sys.stderr)
+    print(f"  - name: {new_name}\n    key_sha256: {key_hash(key)}")
+    return 0
