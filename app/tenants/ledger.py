@@ -197,20 +197,28 @@ class Ledger:
                            f"Rate limit reached: {policy.tokens_per_minute} tokens per minute for this key.")
         return None
 
-    def settle(self, policy: KeyPolicy, model: str, usage: Usage, *, started: bool = True) -> None:
-        """A request is over (`started`: it was admitted here; False for usage reported without an admit,
-        e.g. after the ledger came back): its tokens counted against the key's limits, its usage recorded."""
-        now = self.clock()
-        state = self._state(policy, now)
-        if started:
-            state.in_flight = max(0, state.in_flight - 1)
+    def settle(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
+        """A request admitted here is over: its tokens counted against the key's limits, its usage recorded."""
+        state = self._state(policy, self.clock())
+        state.in_flight = max(0, state.in_flight - 1)
+        self._charge(state, usage)
+        self._add_usage(policy.name, model, usage)
+
+    def record(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
+        """Usage reported after the fact (an unlimited key's batch; a replica's count while this ledger was
+        unreachable): recorded, and charged to the key's limits and budget."""
+        if policy.limited:
+            self._charge(self._state(policy, self.clock()), usage)
+        self._add_usage(policy.name, model, usage)
+
+    @staticmethod
+    def _charge(state: _KeyState, usage: Usage) -> None:
         if state.tokens is not None:
             state.tokens.take(usage.tokens)
-        if policy.token_budget is not None:
+        if state.policy.token_budget is not None:
             state.budget_used += usage.tokens
-        self.record(policy.name, model, usage)
 
-    def record(self, name: str, model: str, usage: Usage) -> None:
+    def _add_usage(self, name: str, model: str, usage: Usage) -> None:
         self.usage.setdefault(name, {}).setdefault(model, Usage()).add(usage)
 
     def release(self, policy: KeyPolicy) -> None:
@@ -251,7 +259,7 @@ class Ledger:
         """A snapshot taken by an earlier ledger; budgets of keys no longer configured are dropped."""
         for name, models in (snapshot.get("usage") or {}).items():
             for model, counts in models.items():
-                self.record(name, model, Usage(**{k: int(v) for k, v in counts.items()}))
+                self._add_usage(name, model, Usage(**{k: int(v) for k, v in counts.items()}))
         now = self.clock()
         for name, (period, ends, used) in (snapshot.get("budgets") or {}).items():
             policy = policies.get(name)
