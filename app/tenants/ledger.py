@@ -134,11 +134,15 @@ class Ledger:
         self._keys: dict[str, _KeyState] = {}
         # name -> model -> usage; kept across policy reloads (a renamed key starts a new record).
         self.usage: dict[str, dict[str, Usage]] = {}
+        self._restored_budgets: dict[str, tuple[str, float, int]] = {}
 
     def _state(self, policy: KeyPolicy, now: float) -> _KeyState:
         state = self._keys.get(policy.name)
         if state is None or state.policy != policy:
             state = self._renewed(state, policy, now)
+            restored = self._restored_budgets.pop(policy.name, None)
+            if restored is not None and policy.token_budget is not None and restored[1] > now:
+                state.period, state.period_ends, state.budget_used = restored
             self._keys[policy.name] = state
         for bucket in (state.requests, state.tokens):
             if bucket is not None:
@@ -255,16 +259,11 @@ class Ledger:
                 "budgets": {n: [s.period, s.period_ends, s.budget_used] for n, s in self._keys.items()
                             if s.policy.token_budget is not None}}
 
-    def restore(self, snapshot: dict[str, Any], policies: dict[str, KeyPolicy]) -> None:
-        """A snapshot taken by an earlier ledger; budgets of keys no longer configured are dropped."""
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """A snapshot taken by an earlier ledger: its usage at once, its budgets as each key is next seen (a
+        budget counts only in the period it was taken in)."""
         for name, models in (snapshot.get("usage") or {}).items():
             for model, counts in models.items():
                 self._add_usage(name, model, Usage(**{k: int(v) for k, v in counts.items()}))
-        now = self.clock()
         for name, (period, ends, used) in (snapshot.get("budgets") or {}).items():
-            policy = policies.get(name)
-            if policy is None or policy.token_budget is None:
-                continue
-            state = self._state(policy, now)
-            if float(ends) > now and period == period_of(policy.token_budget.per, now)[0]:
-                state.budget_used = int(used)
+            self._restored_budgets[name] = (str(period), float(ends), int(used))

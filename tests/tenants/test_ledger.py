@@ -97,7 +97,9 @@ def test_usage_survives_in_a_snapshot() -> None:
     ledger.admit(p)
     ledger.settle(p, "smollm2", Usage(1, 10, 4, 20))
     restored = Ledger(clock)
-    restored.restore(ledger.snapshot(), {"team": p})
+    restored.restore(ledger.snapshot())
+    assert restored.usage_report()["keys"]["team"]["models"]["smollm2"]["requests"] == 1
+    restored.admit(p)
     report = restored.usage_report()["keys"]["team"]
     assert report["models"]["smollm2"] == {"requests": 1, "prompt_tokens": 10, "cached_tokens": 4,
                                            "completion_tokens": 20}
@@ -146,3 +148,17 @@ def test_headers_in_openai_and_anthropic_names() -> None:
     assert anthropic["anthropic-ratelimit-requests-reset"] == "2026-12-02T12:01:00Z"
     assert anthropic["retry-after"] == "60"
     assert [duration(s) for s in (0.02, 1, 59.2, 360, 3723)] == ["20ms", "1s", "1m0s", "6m0s", "1h2m3s"]
+
+
+def test_snapshots_round_trip_through_a_file_and_a_url(tmp_path) -> None:
+    from app.tenants.snapshots import load_snapshot, save_snapshot
+
+    ledger, p = Ledger(Clock()), policy()
+    ledger.admit(p)
+    ledger.settle(p, "m", Usage(1, 2, 0, 3))
+    for url in (str(tmp_path / "deep" / "usage.json"), "memory://llamaray-test/usage.json"):
+        save_snapshot(url, ledger.snapshot())
+        assert load_snapshot(url) == ledger.snapshot()
+    assert not [f for f in (tmp_path / "deep").iterdir() if f.name.startswith(".usage-")]
+    (tmp_path / "bad.json").write_text("{not json")
+    assert load_snapshot(str(tmp_path / "bad.json")) == {} and load_snapshot(str(tmp_path / "none.json")) == {}

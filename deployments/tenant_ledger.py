@@ -1,0 +1,124 @@
+"""The cluster's tenant ledger (app/tenants/ledger.py): one Ledger in a deployment-scoped actor of the Ingress
+deployment, shared by every Ingress replica through `ActorLedger` (app/tenants/gate.py's SharedLedger).
+
+A deployment actor for the reasons deployments/response_store.py gives (made before the replicas, recreated
+by Serve's controller, gone with the app). Its usage and budgets are saved to `usage_snapshot` every few
+seconds when they changed and read back when it starts, so they outlive the actor, the replicas and a
+redeploy; at most the last few seconds of usage are lost with the actor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray import exceptions as ray_exc
+from ray import serve
+from ray.serve.config import DeploymentActorConfig
+
+from app.tenants.ledger import Ledger, Usage, Verdict
+from app.tenants.policies import KeyPolicy
+from app.tenants.snapshots import load_snapshot, save_snapshot
+
+LEDGER_ACTOR = "tenant_ledger"
+SAVE_EVERY_S = 5.0
+
+
+@ray.remote
+class LedgerActor:
+    """A Ledger behind Ray calls, one call at a time (the actor's default), saved in the background."""
+
+    def __init__(self, snapshot_url: str | None = None, save_every_s: float = SAVE_EVERY_S) -> None:
+        self.ledger = Ledger()
+        self.url = snapshot_url
+        self.lock = threading.Lock()
+        self.dirty = False
+        if snapshot_url:
+            self.ledger.restore(load_snapshot(snapshot_url))
+            threading.Thread(target=self._saver, args=(save_every_s,), daemon=True, name="ledger-save").start()
+
+    def admit(self, policy: KeyPolicy) -> Verdict:
+        with self.lock:
+            return self.ledger.admit(policy)
+
+    def settle(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
+        with self.lock:
+            self.ledger.settle(policy, model, usage)
+            self.dirty = True
+
+    def release(self, policy: KeyPolicy) -> None:
+        with self.lock:
+            self.ledger.release(policy)
+
+    def record(self, batch: list[Any]) -> None:
+        with self.lock:
+            for policy, model, usage, admitted in batch:
+                if admitted:
+                    self.ledger.release(policy)
+                if usage is not None:
+                    self.ledger.record(policy, model, usage)
+            self.dirty = True
+
+    def usage_report(self) -> dict[str, Any]:
+        with self.lock:
+            return self.ledger.usage_report()
+
+    def save(self) -> None:
+        with self.lock:
+            snapshot, self.dirty = self.ledger.snapshot(), False
+        save_snapshot(self.url, snapshot)
+
+    def _saver(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            if self.dirty:
+                try:
+                    self.save()
+                except Exception:  # noqa: BLE001 - tried again at the next tick
+                    self.dirty = True
+
+
+def ledger_actors(snapshot_url: str | None) -> list[DeploymentActorConfig]:
+    """The Ingress deployment's `deployment_actors`: the ledger (num_cpus 0: dictionary work per request)."""
+    return [DeploymentActorConfig(name=LEDGER_ACTOR, actor_class=LedgerActor, actor_options={"num_cpus": 0},
+                                  init_kwargs={"snapshot_url": snapshot_url})]
+
+
+class ActorLedger:
+    """app.tenants.gate.SharedLedger over the ledger actor of this replica's deployment; looked up again after
+    it died. Failures are raised: the gate turns them into per-replica limits."""
+
+    def __init__(self, lookup: Callable[[], Any] = lambda: serve.get_deployment_actor(LEDGER_ACTOR)) -> None:
+        self.lookup = lookup
+        self.actor: Any = None
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        # Twice at most: a handle cached before the actor was recreated fails once, then is looked up anew.
+        for attempt in (1, 2):
+            try:
+                if self.actor is None:
+                    self.actor = await asyncio.to_thread(self.lookup)
+                return await getattr(self.actor, method).remote(*args)
+            except ray_exc.RayActorError:  # dead or unreachable (ActorUnavailableError is one too)
+                self.actor = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def admit(self, policy: KeyPolicy) -> Verdict:
+        return await self._call("admit", policy)
+
+    async def settle(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
+        await self._call("settle", policy, model, usage)
+
+    async def release(self, policy: KeyPolicy) -> None:
+        await self._call("release", policy)
+
+    async def record(self, batch: list[Any]) -> None:
+        await self._call("record", batch)
+
+    async def usage_report(self) -> dict[str, Any]:
+        return await self._call("usage_report")
