@@ -10,14 +10,12 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.anthropic_messages import CountTokensRequest
-from app.api.schemas import DetokenizeRequest, TokenizeRequest
 from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
-from app.serving.processing import APIRequest, Processor
+from app.serving.processing import Processor
 from app.serving.traced_models import traced_models
 
 from .error_mapping import call_mapped
@@ -45,26 +43,13 @@ class ChatProcessor:
         self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache,
                                    response_store=store)
 
-    async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
+    # The two verbs, whatever the request asks: Processor dispatches on its type, so a new route adds nothing here.
+    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
         return await self.processor.respond(request, caller)
 
-    async def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
         async for batch in self.processor.stream(request, caller):
             yield batch
-
-    async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.processor.tokenize(request, caller)
-
-    async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.processor.detokenize(request, caller)
-
-    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.processor.stored_response(response_id, caller)
-
-    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.processor.delete_response(response_id, caller)
-    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
-        return await self.processor.count_tokens(request, caller)
 
     def replica_info(self) -> dict[str, Any]:
         return replica_info()
@@ -72,34 +57,22 @@ class ChatProcessor:
 
 class RemoteProcessing:
     """app.serving.processing.Processing over a handle to the ChatProcessor deployment. `admit(model)` runs
-    first and may refuse a request at once (a model no node can hold)."""
+    first for a request that names a model and may refuse it at once (a model no node can hold)."""
 
     def __init__(self, handle: DeploymentHandle, admit: Callable[[str], None]) -> None:
         self.handle = unary(handle)
         self.streaming = StreamHop(handle)
         self.admit = admit
 
-    async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
-        self.admit(request.model)
+    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
+        self._admit(request)
         return await call_mapped(lambda: self.handle.respond.remote(request, caller))
 
-    def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
-        self.admit(request.model)
+    def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+        self._admit(request)
         return relay(lambda: self.streaming.to(request, caller).stream.remote(request, caller))
 
-    async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
-        self.admit(request.model)
-        return await call_mapped(lambda: self.handle.tokenize.remote(request, caller))
-
-    async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
-        self.admit(request.model)
-        return await call_mapped(lambda: self.handle.detokenize.remote(request, caller))
-
-    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await call_mapped(lambda: self.handle.stored_response.remote(response_id, caller))
-
-    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await call_mapped(lambda: self.handle.delete_response.remote(response_id, caller))
-    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
-        self.admit(request.model)
-        return await call_mapped(lambda: self.handle.count_tokens.remote(request, caller))
+    def _admit(self, request: Any) -> None:
+        model = getattr(request, "model", None)  # a stored response's request names none: the store answers it
+        if model is not None:
+            self.admit(model)

@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
 from app.http.auth import KeyChecker, load_api_keys, require_keys
 from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
+from app.http.routes import TABLE
 from app.http.server import ServerSettings, build_http_app, model_cards
 from app.observe import tracing
 from app.ops.placement import INGRESS_DEFAULTS
@@ -91,7 +92,8 @@ class GraphIngress(_Front):
             if spec.pool:
                 self.pools.setdefault(pool_deployment_name(spec.pool), []).append(spec.id)
         self.placement = PlacementWatch(self.app_name, self.own)
-        processing = traced_processing(RemoteProcessing(processor, self.placement.admit), "ChatProcessor")
+        processing = traced_processing(RemoteProcessing(processor, self.placement.admit), "ChatProcessor",
+                                       TABLE.hop_traced)
         self._serve(specs, limits, auth, processing, self._states)
 
     async def _states(self) -> dict[str, ModelState]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..generation.adapters import served_target
+from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import ChatCompletionRequest
 from ..generation.images import check_images, load_images
 from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
@@ -38,7 +39,7 @@ class MessageTokenCounter:
         self.tokens = tokens
         self.limits = limits or Limits()
 
-    async def count(self, req: CountTokensRequest) -> dict[str, Any]:
+    async def count(self, req: CountTokensRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         spec = served_target(self.models, req.model, "chat", "/v1/messages/count_tokens").spec  # an adapter counts as its base
         text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
         images = await load_images(chat, self.limits)

@@ -18,11 +18,9 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route as StarletteRoute
 
 from ..observe import tracing
-from ..anthropic_messages.errors import anthropic_error_body
-from ..anthropic_messages.schemas import CountTokensRequest, parse_count_tokens_request, parse_messages_request
 from .auth import KeyChecker
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware, BrowserPolicy, check_json_content_type
 from ..api import strict_json
@@ -31,19 +29,13 @@ from ..api.errors import (
 )
 from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
-from ..api.embeddings import EmbeddingRequest
-from ..api.rerank import RerankRequest
 from .openapi import openapi_document
-from ..api.schemas import (
-    CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
-)
-from ..openai_responses.schemas import parse_input_tokens_request, parse_responses_request
 from ..generation.caller import ANONYMOUS, Caller
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
-from .responses_sse import ResponsesStream
-from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSE_HEADERS, SSEDialect, frame_stream
+from .routes import TABLE, ErrorShape, Route, RouteTable
+from .sse import SSE_HEADERS, SSEDialect, frame_stream
 
 log = logging.getLogger("llamaray.server")
 
@@ -93,10 +85,6 @@ def log_server_error(exc: BaseException) -> None:
 PoolStates = Callable[[], Awaitable[dict[str, str]]]
 """Each pooled model's state (loaded, loading, available), for /v1/models."""
 
-ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
-"""A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
-
-
 def error_response(exc: BaseException, shape: ErrorShape = error_body) -> JSONBody:
     status, body = shape(exc)
     log_server_error(exc)
@@ -108,17 +96,6 @@ def error_event(exc: BaseException, shape: ErrorShape = error_body) -> dict[str,
     """The error event that ends a stream already under way."""
     log_server_error(exc)
     return shape(exc)[1]
-
-
-ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
-# llama-server answers rerank at all three; vLLM at /rerank, /v1/rerank and /v2/rerank (Cohere's path).
-RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
-
-
-def error_shape_of(path: str) -> ErrorShape:
-    """The error shape of the protocol a path belongs to, for errors found before its handler runs (a key,
-    an unknown method)."""
-    return anthropic_error_body if path in ANTHROPIC_PATHS else error_body
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -192,98 +169,49 @@ def caller_of(request: Request) -> Caller | None:
 
 
 class Endpoints:
-    """The route handlers, over the processing, the models' health, their cards and the server's settings."""
+    """The route handlers (one per `Handler` of the route table), over the processing, the models' health, their
+    cards and the server's settings. Each takes the HTTP request and its line of the table."""
 
     def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
-                 settings: ServerSettings, pool_states: PoolStates | None = None) -> None:
+                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None) -> None:
         self.processing = processing
         self.pool_states = pool_states
         self.health_cache = health
         self.cards = {m.id: m for m in models}
         self.settings = settings
-        self.spec = openapi_document()
+        self.spec = openapi_document(table.routes)
 
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_chat_request)
-
-    async def completions(self, request: Request) -> Response:
-        """OpenAI's legacy text completions."""
-        return await self._generate(request, lambda body: parse_request(CompletionRequest, body))
-
-    async def responses(self, request: Request) -> Response:
-        """OpenAI's Responses API: typed events, and an `error` event numbered after the last one sent."""
-        stream = ResponsesStream()
-        return await self._generate(request, parse_responses_request, dialect=stream.dialect,
-                                    on_error=lambda exc: stream.error_event(error_event(exc)))
-
-    async def responses_input_tokens(self, request: Request) -> Response:
+    async def generate(self, request: Request, route: Route) -> Response:
+        """A generating route: the whole body, or its stream framed by the route's framing; errors (and the error
+        event that ends a stream under way) in the route's shape."""
         try:
-            req = self._checked(parse_input_tokens_request(await _read_json(request, self.settings.max_body_bytes)))
-            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
-            return error_response(exc)
-    async def messages(self, request: Request) -> Response:
-        """Anthropic's Messages API."""
-        return await self._generate(request, parse_messages_request, ANTHROPIC_MESSAGES,
-                                    shape=anthropic_error_body)
-
-    async def count_message_tokens(self, request: Request) -> Response:
-        return await self._answer(request, CountTokensRequest, self.processing.count_tokens,
-                                  shape=anthropic_error_body, parse=parse_count_tokens_request)
-
-    async def _generate(self, request: Request, parse: Callable[[Any], Any], dialect: SSEDialect = OPENAI_CHAT,
-                        on_error: Callable[[BaseException], dict[str, Any]] | None = None,
-                        shape: ErrorShape = error_body) -> Response:
-        """A generating route: `dialect` frames its stream, `on_error` shapes the error event that ends one,
-        `shape` its errors (by default both in OpenAI's shape)."""
-        try:
-            req = self._checked(parse(await _read_json(request, self.settings.max_body_bytes)))
+            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)))
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
                 return JSONBody(await self.processing.respond(req, caller))
+            framing = route.framing()
             events, first = await self._open_stream(self.processing.stream(req, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, shape)
-        on_error = on_error or (lambda exc: error_event(exc, shape))
-        return StreamingResponse(_sse(first, events, dialect, on_error), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+            return error_response(exc, route.errors)
+        return StreamingResponse(_sse(first, events, framing.dialect,
+                                      lambda exc: framing.error_event(error_event(exc, route.errors))),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def embeddings(self, request: Request) -> Response:
-        """OpenAI's embeddings, answered whole by the processing like a non-streamed generation."""
-        return await self._answer(request, EmbeddingRequest, self.processing.respond)
-
-    async def rerank(self, request: Request) -> Response:
-        """A reranker's relevance scores (llama-server's and vLLM's body), answered whole like embeddings."""
-        return await self._answer(request, RerankRequest, self.processing.respond)
-
-    async def tokenize(self, request: Request) -> Response:
-        return await self._answer(request, TokenizeRequest, self.processing.tokenize)
-
-    async def detokenize(self, request: Request) -> Response:
-        return await self._answer(request, DetokenizeRequest, self.processing.detokenize)
-
-    async def stored_response(self, request: Request) -> Response:
-        """GET /v1/responses/{id}: the caller's stored response; DELETE: forget it."""
+    async def answer(self, request: Request, route: Route) -> Response:
+        """A route answered whole (embeddings, rerank, token counts, /tokenize...)."""
         try:
-            response_id, caller = request.path_params["response_id"], caller_of(request) or ANONYMOUS
-            if request.method == "DELETE":
-                return JSONBody(await self.processing.delete_response(response_id, caller))
-            if request.query_params.get("stream", "false").lower() not in ("false", "0"):
-                raise invalid_request("Streaming a stored response is not supported: retrieve it without `stream`.",
-                                      param="stream")
-            return JSONBody(await self.processing.stored_response(response_id, caller))
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an OpenAI error body
-            return error_response(exc)
-
-    async def _answer(self, request: Request, model: type[Any], handle: Callable[[Any, Caller], Any],
-                      shape: ErrorShape = error_body, parse: Callable[[Any], Any] | None = None) -> Response:
-        """`parse`: how the body becomes a `model` (by default OpenAI's validation), `shape` its errors."""
-        try:
-            body = await _read_json(request, self.settings.max_body_bytes)
-            req = self._checked(parse(body) if parse else parse_request(model, body))
-            return JSONBody(await handle(req, caller_of(request) or ANONYMOUS))
+            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)))
+            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, shape)
+            return error_response(exc, route.errors)
+
+    async def from_path(self, request: Request, route: Route) -> Response:
+        """A route whose request is its path (GET and DELETE /v1/responses/{id}: the caller's stored response)."""
+        try:
+            req = route.parse(request)
+            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors)
 
     async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
         """The stream and its first output, pulled before answering so that errors found before it
@@ -313,11 +241,11 @@ class Endpoints:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
         return req
 
-    async def list_models(self, request: Request) -> Response:
+    async def list_models(self, request: Request, route: Route) -> Response:
         states = await self._pool_states()
         return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()]})
 
-    async def get_model(self, request: Request) -> Response:
+    async def get_model(self, request: Request, route: Route) -> Response:
         model_id = request.path_params["model_id"]
         if model_id not in self.cards:
             return error_response(model_not_found(model_id))
@@ -328,13 +256,13 @@ class Endpoints:
             return {}
         return await self.pool_states()
 
-    async def health(self, request: Request) -> Response:
+    async def health(self, request: Request, route: Route) -> Response:
         states = await self.health_cache.get()
         detailed = not self.settings.keys.enabled or caller_of(request) is not None
         status, body = health_body(states, [m for m, c in self.cards.items() if c.parent is None], detailed)
         return JSONBody(body, status_code=status)
 
-    async def openapi(self, request: Request) -> Response:
+    async def openapi(self, request: Request, route: Route) -> Response:
         return JSONBody(self.spec)
 
 
@@ -368,60 +296,58 @@ async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any], d
         await events.aclose()
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    shape = error_shape_of(route_path(request.scope))
-    if exc.status_code == 404:
-        return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"), shape)
-    if exc.status_code == 405:
-        return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
-                                       status=405, type="invalid_request_error", code="method_not_allowed",
-                                       headers=dict(exc.headers or {})), shape)
-    return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape)
+def _http_error(table: RouteTable) -> Callable[[Request, HTTPException], Awaitable[Response]]:
+    async def handle(request: Request, exc: HTTPException) -> Response:
+        shape = table.error_shape(route_path(request.scope))
+        if exc.status_code == 404:
+            return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"), shape)
+        if exc.status_code == 405:
+            return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
+                                           status=405, type="invalid_request_error", code="method_not_allowed",
+                                           headers=dict(exc.headers or {})), shape)
+        return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape)
+    return handle
 
 
-def _refusal(error: APIError, scope: Any) -> Response:
-    return error_response(error, error_shape_of(route_path(scope)))
+def _refusal(table: RouteTable) -> Callable[[APIError, Any], Response]:
+    return lambda error, scope: error_response(error, table.error_shape(route_path(scope)))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Awaitable[Response]]:
+    """One path's endpoint: the handler its table line names for the request's method (HEAD: GET's)."""
+    async def endpoint(request: Request) -> Response:
+        route = lines["GET" if request.method == "HEAD" else request.method]
+        return await getattr(api, route.handler.value)(request, route)
+    return endpoint
+
+
 def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
-                   health: HealthCache | None = None, pool_states: PoolStates | None = None) -> Starlette:
+                   health: HealthCache | None = None, pool_states: PoolStates | None = None,
+                   routes: RouteTable = TABLE) -> Starlette:
     """The app over `processing`. `health`: where /health reads the models' states (None: every model is
     reported ready, for an app with no models of its own to watch). `pool_states`: each pooled model's state
-    (loaded, loading, available) for /v1/models."""
+    (loaded, loading, available) for /v1/models. `routes`: the route table (app/http/routes.py) it serves."""
     settings = settings or ServerSettings()
     health = health or HealthCache(_all_ready(models), [m.id for m in models])
-    api = Endpoints(processing, health, models, settings, pool_states)
-    routes = [
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/responses", api.responses, methods=["POST"]),
-        Route("/v1/responses/input_tokens", api.responses_input_tokens, methods=["POST"]),
-        Route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"]),
-        Route("/v1/messages", api.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", api.count_message_tokens, methods=["POST"]),
-        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
-        *(Route(path, api.rerank, methods=["POST"]) for path in RERANK_PATHS),
-        Route("/tokenize", api.tokenize, methods=["POST"]),
-        Route("/detokenize", api.detokenize, methods=["POST"]),
-        Route("/v1/models", api.list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", api.get_model, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
-        Route("/openapi.json", api.openapi, methods=["GET"]),
-    ]
-    middleware = [Middleware(TraceMiddleware, tracer=tracing.current())] if tracing.current().enabled else []
+    api = Endpoints(processing, health, models, settings, routes, pool_states)
+    # One Starlette route per path, so that a method it lacks gets 405 with every method it has in `Allow`.
+    starlette_routes = [StarletteRoute(path, _endpoint(api, lines), methods=list(lines))
+                        for path, lines in routes.by_path.items()]
+    middleware = ([Middleware(TraceMiddleware, tracer=tracing.current(), paths=routes.traced_paths)]
+                  if tracing.current().enabled else [])
     # Host and Origin first, then CORS for allowed origins (a preflight carries no key), then the key.
-    middleware += [Middleware(BrowserGuardMiddleware, policy=settings.browser, refuse=_refusal),
+    middleware += [Middleware(BrowserGuardMiddleware, policy=settings.browser, refuse=_refusal(routes)),
                    Middleware(AllowedOriginsCORS, policy=settings.browser)]
     if settings.keys.enabled:
-        middleware.append(Middleware(APIKeyMiddleware, keys=settings.keys))
+        middleware.append(Middleware(APIKeyMiddleware, keys=settings.keys, error_shape=routes.error_shape))
     return Starlette(
-        routes=routes,
+        routes=starlette_routes,
         middleware=middleware,
-        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+        exception_handlers={HTTPException: _http_error(routes), Exception: _server_error},
     )
 
 
@@ -441,9 +367,10 @@ class APIKeyMiddleware:
     The caller's identity (a digest of its key) goes into the request's state for the handlers; on an
     open route a request without a valid key gets None there."""
 
-    def __init__(self, app: Any, keys: KeyChecker) -> None:
+    def __init__(self, app: Any, keys: KeyChecker, error_shape: Callable[[str], ErrorShape]) -> None:
         self.app = app
         self.keys = keys
+        self.error_shape = error_shape
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -452,30 +379,28 @@ class APIKeyMiddleware:
                                   headers.get(b"x-api-key", b"").decode("latin-1"))
             path = route_path(scope)
             if key is None and path not in OPEN_PATHS:
-                await error_response(unauthorized(), error_shape_of(path))(scope, receive, send)
+                await error_response(unauthorized(), self.error_shape(path))(scope, receive, send)
                 return
             scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
         await self.app(scope, receive, send)
 
 
 TRACE_STATE = "llamaray.traceparent"
-TRACED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", *RERANK_PATHS, "/tokenize",
-                          "/detokenize",
-                          "/v1/responses", "/v1/responses/input_tokens", *ANTHROPIC_PATHS})
 
 
 class TraceMiddleware:
-    """A server span for each request to TRACED_PATHS, from its first byte in to its last byte out (a stream's
+    """A server span for each request to `paths` (the route table's traced ones), from its first byte in to its last byte out (a stream's
     whole life), child of the `traceparent` the client sent, if any; current while the request is handled, and
     handed to the processing in the Caller. Outside the key check, so refused requests are traced too."""
 
-    def __init__(self, app: Any, tracer: tracing.Tracer) -> None:
+    def __init__(self, app: Any, tracer: tracing.Tracer, paths: frozenset[str] = TABLE.traced_paths) -> None:
         self.app = app
         self.tracer = tracer
+        self.paths = paths
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = route_path(scope) if scope["type"] == "http" else None
-        if path not in TRACED_PATHS:
+        if path not in self.paths:
             await self.app(scope, receive, send)
             return
         parent = dict(scope.get("headers") or []).get(b"traceparent", b"").decode("latin-1") or None

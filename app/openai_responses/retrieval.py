@@ -7,6 +7,7 @@ from typing import Any
 
 from ..api.errors import APIError, not_found
 from ..generation.caller import Caller
+from .schemas import DeleteResponseRequest, StoredResponseRequest
 from .store import ResponseStore
 
 
@@ -20,14 +21,16 @@ class StoredResponses:
     def __init__(self, store: ResponseStore | None) -> None:
         self.store = store
 
-    async def get(self, response_id: str, caller: Caller) -> dict[str, Any]:
+    async def get(self, request: StoredResponseRequest, caller: Caller) -> dict[str, Any]:
         """The response object as it was stored."""
+        response_id = request.response_id
         entry = None if self.store is None else await self.store.get(caller.key_id, response_id)
         if entry is None:
             raise response_not_found(response_id)
         return entry["response"]
 
-    async def delete(self, response_id: str, caller: Caller) -> dict[str, Any]:
+    async def delete(self, request: DeleteResponseRequest, caller: Caller) -> dict[str, Any]:
+        response_id = request.response_id
         if self.store is None or not await self.store.delete(caller.key_id, response_id):
             raise response_not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}

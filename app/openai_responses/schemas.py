@@ -10,6 +10,7 @@ Input items are read leniently about the bookkeeping fields an SDK sends back wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -345,3 +346,17 @@ def parse_responses_request(payload: Any, model: type[ResponsesRequest] = Respon
 
 def parse_input_tokens_request(payload: Any) -> InputTokensRequest:
     return parse_responses_request(payload, InputTokensRequest)
+
+
+@dataclass(frozen=True)
+class StoredResponseRequest:
+    """`GET /v1/responses/{response_id}`: the caller's stored response, read back (no model: the store answers)."""
+
+    response_id: str
+
+
+@dataclass(frozen=True)
+class DeleteResponseRequest:
+    """`DELETE /v1/responses/{response_id}`: the caller's stored response, forgotten."""
+
+    response_id: str

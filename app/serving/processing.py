@@ -5,8 +5,9 @@ ChatProcessor deployment (topology `graph`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Protocol, Union
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..observe import tracing
 from ..anthropic_messages import CountTokensRequest, MessagesRequest, MessagesService, MessageTokenCounter
@@ -18,46 +19,50 @@ from ..api.rerank import RerankRequest
 from ..rerank import RerankService
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
+from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from ..openai_responses.retrieval import StoredResponses
-from ..openai_responses.schemas import InputTokensRequest, ResponsesRequest
+from ..openai_responses.schemas import (
+    DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest,
+)
 from ..openai_responses.service import InputTokensService, ResponsesService
 from ..openai_responses.store import BoundedResponseStore, ResponseStore
 from ..tokenize.service import TokenService
 from ..generation.caller import Caller
 from .models import Models
 
-APIRequest = Union[ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest, EmbeddingRequest,
-                   RerankRequest]
-"""A request to a model: its type says which protocol answers it (embeddings and rerank only through `respond`)."""
-
-
 class Processing(Protocol):
-    async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
-        """The whole reply body (`stream` false)."""
+    """Two verbs, whatever is asked: the request's type says what (a chat turn, a token count, a stored
+    response, its deletion...), and the processing answers it with the service registered for that type."""
 
-    def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
+        """The whole reply body (`stream` false, or a request that never streams)."""
+
+    def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
         """Batches of stream events. The first batch is empty: "accepted" (planning passed: the client's
         errors come before it), so the HTTP layer can send headers while the model is awaited."""
 
-    async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]: ...
 
-    async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]: ...
+@dataclass(frozen=True)
+class Answer:
+    """What answers one request type: `respond(request, caller)` the whole body, `stream(request, caller)` its
+    events (None: it never streams). `protocol`: a generation's protocol, which names its processing span (None:
+    a lookup, answered without one)."""
 
-    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        """The caller's stored response object (GET /v1/responses/{id}); a 404 APIError if there is none."""
+    respond: Callable[[Any, Caller], Awaitable[dict[str, Any]]]
+    stream: Callable[[Any, Caller], AsyncIterator[list[dict[str, Any]]]] | None = None
+    protocol: str | None = None
 
-    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        """Forget the caller's stored response (DELETE /v1/responses/{id}): OpenAI's deletion object; a 404
-        APIError if there is none."""
-    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
-        """Anthropic's token count of a Messages request's prompt."""
+
+def generation(service: Any) -> Answer:
+    """A protocol's service: `complete`, `stream` if it has one, and its `protocol`."""
+    return Answer(service.complete, getattr(service, "stream", None), service.protocol)
 
 
 class Processor:
-    """Processing over `models`: each protocol's service, chosen by the request's type. `response_store`: where
-    Responses API responses are kept (None: in this process, within the limits' bounds; the deployments pass
-    the store actor that outlives replicas)."""
+    """Processing over `models`: the registry of request types, each answered by its service. `response_store`:
+    where Responses API responses are kept (None: in this process, within the limits' bounds; the deployments
+    pass the store actor that outlives replicas)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True,
@@ -68,6 +73,7 @@ class Processor:
         self.models = models
         if response_store is None:
             response_store = BoundedResponseStore.from_limits(limits)
+        self.response_store = response_store
         chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
@@ -75,48 +81,50 @@ class Processor:
                                      per_key_cache=per_key_cache, response_store=response_store)
         messages = MessagesService(specs, models.open_stream, limits=limits, observer=observer,
                                    per_key_cache=per_key_cache)
-        self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
-                                          ResponsesRequest: responses,
-                                          InputTokensRequest: InputTokensService(responses, models),
-                                          MessagesRequest: messages,
-                                          EmbeddingRequest: EmbeddingService(specs, models, limits, observer),
-                                          RerankRequest: RerankService(specs, models, limits, observer)}
-        self.tokens = TokenService(specs, models, limits=limits)
-        self.message_tokens = MessageTokenCounter(specs, models, limits=limits)
-        self.response_store = response_store
-        self.stored = StoredResponses(response_store)
+        tokens = TokenService(specs, models, limits=limits)
+        stored = StoredResponses(response_store)
+        self.answers: dict[type, Answer] = {}
+        for request_type, answer in (
+                (ChatCompletionRequest, generation(chat)),
+                (CompletionRequest, generation(completions)),
+                (ResponsesRequest, generation(responses)),
+                (InputTokensRequest, generation(InputTokensService(responses, models))),
+                (MessagesRequest, generation(messages)),
+                (EmbeddingRequest, generation(EmbeddingService(specs, models, limits, observer))),
+                (RerankRequest, generation(RerankService(specs, models, limits, observer))),
+                (TokenizeRequest, Answer(tokens.tokenize)),
+                (DetokenizeRequest, Answer(tokens.detokenize)),
+                (CountTokensRequest, Answer(MessageTokenCounter(specs, models, limits=limits).count)),
+                (StoredResponseRequest, Answer(stored.get)),
+                (DeleteResponseRequest, Answer(stored.delete))):
+            self.register(request_type, answer)
 
-    def _service(self, request: APIRequest) -> Any:
-        return self.services[type(request)]
+    def register(self, request_type: type, answer: Answer) -> None:
+        """`request_type` answered by `answer` from now on: a new route's whole processing side."""
+        self.answers[request_type] = answer
 
-    async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
-        service = self._service(request)
-        work = service.complete(request, caller)
-        if not tracing.current().enabled:
+    def _answer(self, request: Any) -> Answer:
+        answer = self.answers.get(type(request))  # the exact type: an InputTokensRequest is a ResponsesRequest too
+        if answer is None:
+            raise TypeError(f"No service is registered for {type(request).__name__} (Processor.register).")
+        return answer
+
+    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
+        answer = self._answer(request)
+        work = answer.respond(request, caller)
+        if answer.protocol is None or not tracing.current().enabled:
             return await work
-        return await tracing.awaited_in(_span(service, request, caller), work)
+        return await tracing.awaited_in(_span(answer.protocol, request, caller), work)
 
-    def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
-        service = self._service(request)
-        events = service.stream(request, caller)
-        if not tracing.current().enabled:
+    def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+        answer = self._answer(request)
+        if answer.stream is None:
+            raise invalid_request(f"A {type(request).__name__} cannot be streamed: ask for the whole answer.",
+                                  param="stream")
+        events = answer.stream(request, caller)
+        if answer.protocol is None or not tracing.current().enabled:
             return events
-        return tracing.stream_in(_span(service, request, caller), events)
-
-    async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.tokens.tokenize(request)
-
-    async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.tokens.detokenize(request)
-
-    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.stored.get(response_id, caller)
-
-    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.stored.delete(response_id, caller)
-
-    async def count_tokens(self, request: CountTokensRequest, caller: Caller) -> dict[str, Any]:
-        return await self.message_tokens.count(request)
+        return tracing.stream_in(_span(answer.protocol, request, caller), events)
 
 
 # OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
@@ -124,10 +132,10 @@ OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "ch
               "embeddings": "embeddings", "rerank": "rerank"}
 
 
-def _span(service: Any, request: APIRequest, caller: Caller) -> Any:
+def _span(protocol: str, request: Any, caller: Caller) -> Any:
     """The processing span of one request, child of the Ingress's (or its Ray hop's) span."""
-    operation = OPERATIONS[service.protocol]
-    attributes = {"llamaray.tier": "processor", "llamaray.protocol": service.protocol,
+    operation = OPERATIONS[protocol]
+    attributes = {"llamaray.tier": "processor", "llamaray.protocol": protocol,
                   "gen_ai.operation.name": operation, "gen_ai.request.model": request.model,
                   "llamaray.stream": bool(getattr(request, "stream", False))}
     return tracing.current().start(f"{operation} {request.model}", parent=caller.traceparent, kind="server",

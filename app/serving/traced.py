@@ -5,14 +5,17 @@ server calls its clients directly."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
-from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..observe import tracing
 from ..generation.caller import Caller
-from .processing import APIRequest, Processing
+from .processing import Processing
+
+HopTraced = Callable[[Any], bool]
+"""Whether a request's hops get spans of their own (a generation's do; a lookup's, such as a token count or a
+stored response, do not): the route table says (app/http/routes.py)."""
 
 
 def hop_span(deployment: str, method: str, tier: str) -> Any:
@@ -21,18 +24,23 @@ def hop_span(deployment: str, method: str, tier: str) -> Any:
 
 
 class HopProcessing:
-    """Processing over a Ray hop (the Ingress's client of the ChatProcessor deployment), each generating call
-    in a client span that the processing's span joins."""
+    """Processing over a Ray hop (the Ingress's client of the ChatProcessor deployment), each call that
+    `hop_traced` names in a client span that the processing's span joins."""
 
-    def __init__(self, inner: Processing, deployment: str) -> None:
+    def __init__(self, inner: Processing, deployment: str, hop_traced: HopTraced) -> None:
         self.inner = inner
         self.deployment = deployment
+        self.hop_traced = hop_traced
 
-    async def respond(self, request: APIRequest, caller: Caller) -> dict[str, Any]:
+    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
+        if not self.hop_traced(request):
+            return await self.inner.respond(request, caller)
         span = hop_span(self.deployment, "respond", "ingress")
         return await tracing.awaited_in(span, self.inner.respond(request, _under(caller, span)))
 
-    def stream(self, request: APIRequest, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+    def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
+        if not self.hop_traced(request):
+            return self.inner.stream(request, caller)
         span = hop_span(self.deployment, "stream", "ingress")
         try:
             events = self.inner.stream(request, _under(caller, span))
@@ -41,25 +49,11 @@ class HopProcessing:
             raise
         return tracing.stream_in(span, events)
 
-    async def tokenize(self, request: TokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.inner.tokenize(request, caller)
-
-    async def detokenize(self, request: DetokenizeRequest, caller: Caller) -> dict[str, Any]:
-        return await self.inner.detokenize(request, caller)
-
-    async def stored_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.inner.stored_response(response_id, caller)
-
-    async def delete_response(self, response_id: str, caller: Caller) -> dict[str, Any]:
-        return await self.inner.delete_response(response_id, caller)
-    async def count_tokens(self, request: Any, caller: Caller) -> dict[str, Any]:
-        return await self.inner.count_tokens(request, caller)
-
 
 def _under(caller: Caller, span: Any) -> Caller:
     return replace(caller, traceparent=tracing.traceparent_of(span))
 
 
-def traced_processing(inner: Processing, deployment: str) -> Processing:
+def traced_processing(inner: Processing, deployment: str, hop_traced: HopTraced) -> Processing:
     """`inner` (a client of `deployment` over a Ray hop), with hop spans when tracing is on."""
-    return HopProcessing(inner, deployment) if tracing.current().enabled else inner
+    return HopProcessing(inner, deployment, hop_traced) if tracing.current().enabled else inner

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from ..api.errors import KIND_SERVES, invalid_request, model_not_found
 from ..generation.adapters import split_model
+from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..config.settings import Limits, ModelSpec
 from ..engine.params import ImageInput
@@ -50,6 +51,8 @@ def tokenize_text(req: TokenizeRequest, spec: ModelSpec, fmt: ReplyFormat, limit
 
 
 class TokenService:
+    """`/tokenize` and `/detokenize`, the same for every caller (`caller` is the Processing's call shape)."""
+
     def __init__(self, specs: list[ModelSpec], tokens: ModelTokens, *, limits: Limits | None = None) -> None:
         self.models = {s.id: s for s in specs}
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
@@ -63,7 +66,7 @@ class TokenService:
             raise model_not_found(model)
         return found[0]
 
-    async def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(self, req: TokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         spec = self._spec(req.model)
         if req.messages is not None and spec.kind != "chat":
             what = KIND_SERVES[spec.kind][0]
@@ -76,6 +79,6 @@ class TokenService:
         ids = await self.tokens.tokenize(spec.id, text, req.add_special)
         return {"tokens": ids, "count": len(ids), "max_model_len": spec.n_ctx}
 
-    async def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(self, req: DetokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         spec = self._spec(req.model)
         return {"prompt": await self.tokens.detokenize(spec.id, req.tokens)}

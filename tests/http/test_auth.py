@@ -61,7 +61,7 @@ class Recorder:
     def __init__(self) -> None:
         self.callers: list = []
 
-    async def tokenize(self, request, caller):
+    async def respond(self, request, caller):  # a TokenizeRequest here
         self.callers.append(caller)
         return {"tokens": [], "count": 0, "max_model_len": 8}
 

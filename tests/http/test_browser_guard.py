@@ -11,6 +11,8 @@ import pytest
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
+from app.anthropic_messages.schemas import CountTokensRequest
+from app.api.schemas import TokenizeRequest
 from app.config.settings import AuthConfig
 from app.http.auth import KeyChecker
 from app.http.browser_guard import BrowserPolicy, browser_policy, entries, normal_origin, split_host
@@ -31,16 +33,12 @@ class Backend:
 
     async def respond(self, request, caller) -> dict[str, Any]:
         self.seen.append(request)
+        if isinstance(request, TokenizeRequest):
+            return {"tokens": [], "count": 0, "max_model_len": 8}
+        if isinstance(request, CountTokensRequest):
+            return {"input_tokens": 1}
         return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "choices": [],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}}
-
-    async def tokenize(self, request, caller) -> dict[str, Any]:
-        self.seen.append(request)
-        return {"tokens": [], "count": 0, "max_model_len": 8}
-
-    async def count_tokens(self, request, caller) -> dict[str, Any]:
-        self.seen.append(request)
-        return {"input_tokens": 1}
 
 
 @pytest.fixture

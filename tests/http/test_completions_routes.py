@@ -28,10 +28,14 @@ class Backend:
         self.requests: list[Any] = []
         self.error: BaseException | None = None
 
-    async def respond(self, request: CompletionRequest, caller: Any) -> dict[str, Any]:
+    async def respond(self, request: Any, caller: Any) -> dict[str, Any]:
         self.requests.append(request)
+        if isinstance(request, TokenizeRequest):
+            return {"tokens": [1, 2], "count": 2, "max_model_len": 64}
         if self.error:
             raise self.error
+        if isinstance(request, DetokenizeRequest):
+            return {"prompt": "ab"}
         return {**body(), "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
     async def stream(self, request: CompletionRequest, caller: Any):
@@ -41,15 +45,6 @@ class Backend:
         yield [body("a", None), body("b", None)]
         yield [body("", "stop")]
 
-    async def tokenize(self, request: TokenizeRequest, caller: Any) -> dict[str, Any]:
-        self.requests.append(request)
-        return {"tokens": [1, 2], "count": 2, "max_model_len": 64}
-
-    async def detokenize(self, request: DetokenizeRequest, caller: Any) -> dict[str, Any]:
-        self.requests.append(request)
-        if self.error:
-            raise self.error
-        return {"prompt": "ab"}
 
 
 

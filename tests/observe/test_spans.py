@@ -19,6 +19,7 @@ from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
 from app.api.errors import APIError, invalid_request
 from app.api.schemas import parse_chat_request
+from app.http.routes import TABLE
 from app.http.server import TraceMiddleware, build_http_app, model_cards
 from app.generation.caller import ANONYMOUS
 from app.serving.processing import Processor
@@ -109,7 +110,7 @@ def test_off_without_an_endpoint_and_nothing_is_wrapped(no_otel_env, bundled_spe
     assert tracing.traced("plan", job) is job  # the work itself, not a wrapper
     asyncio.run(job)
     processing, models = object(), FakeModels()
-    assert traced_processing(processing, "ChatProcessor") is processing
+    assert traced_processing(processing, "ChatProcessor", TABLE.hop_traced) is processing
     assert traced_models(models) is models
     processor = Processor([bundled_spec], models, Limits())
     stream = processor.stream(parse_chat_request({"model": bundled_spec.id, "stream": True,
@@ -240,7 +241,7 @@ def wired(spec, topology: str, models: FakeModels):
         processing = Processor([spec], traced_models(models), Limits())
     else:
         inner = Processor([spec], traced_models(models, {spec.id: MODEL_DEPLOYMENT}), Limits())
-        processing = traced_processing(inner, "ChatProcessor")
+        processing = traced_processing(inner, "ChatProcessor", TABLE.hop_traced)
         assert isinstance(processing, HopProcessing) and isinstance(inner.models, TracedModels)
     return build_http_app(processing, model_cards([spec]))
 
@@ -283,6 +284,20 @@ def test_streamed_chat_is_one_trace_across_the_tiers(spans, bundled_spec, topolo
     assert (attrs["llamaray.protocol"], attrs["llamaray.stream"], attrs["llamaray.tier"]) == ("chat", True, "processor")
     # the Ingress's span lasts as long as the stream it sends
     assert ingress.start_time <= processing.start_time and ingress.end_time >= processing.end_time
+
+
+def test_only_generations_get_hop_spans(spans, bundled_spec):
+    """A lookup (/tokenize) crosses the Ray hop untraced, inside the Ingress's span; a count that plans a turn
+    (/v1/responses/input_tokens) gets its hop span, as the route table says."""
+    with TestClient(wired(bundled_spec, "graph", FakeModels())) as client:
+        tokens = client.post("/tokenize", json={"model": bundled_spec.id, "prompt": "Hi"})
+        assert tokens.status_code == 200 and tokens.json()["count"] == 2
+        assert set(by_name(spans.get_finished_spans())) == {"POST /tokenize"}
+        spans.clear()
+        counted = client.post("/v1/responses/input_tokens", json={"model": bundled_spec.id, "input": "Hi"})
+        assert counted.status_code == 200
+    got = by_name(spans.get_finished_spans())
+    assert parent_of(got["ChatProcessor/respond"]) == span_id(got["POST /v1/responses/input_tokens"])
 
 
 def test_completions_and_refusals_are_traced(spans, bundled_spec):

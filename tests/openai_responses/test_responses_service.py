@@ -226,6 +226,6 @@ def test_the_processor_serves_responses_with_the_store_it_is_given(bundled_spec,
 
     store = MemoryResponseStore()
     processor = Processor([bundled_spec], models, Limits(), response_store=store)
-    assert processor.services[ResponsesRequest].store is store
-    assert isinstance(processor.services[InputTokensRequest], InputTokensService)
-    assert OPERATIONS[processor.services[ResponsesRequest].protocol] == "chat"
+    assert processor.answers[ResponsesRequest].respond.__self__.store is store
+    assert isinstance(processor.answers[InputTokensRequest].respond.__self__, InputTokensService)
+    assert OPERATIONS[processor.answers[ResponsesRequest].protocol] == "chat"

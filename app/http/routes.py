@@ -1,0 +1,167 @@
+"""The HTTP routes, in one table: each line is a path and method, the typed request it becomes, how it is read,
+its protocol's error shape, how it is traced, and which handler answers it. The Starlette app, the paths the
+Ingress traces, the paths whose errors are Anthropic's and the OpenAPI document are all made from it.
+
+A new route is a request type, its service registered with the processing (`Processor.register`) and one
+line here; the processing's clients (in process, over the Ray hop) only ever carry `respond`/`stream`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from starlette.requests import Request
+
+from ..anthropic_messages.errors import anthropic_error_body
+from ..anthropic_messages.schemas import (
+    CountTokensRequest, MessagesRequest, parse_count_tokens_request, parse_messages_request,
+)
+from ..api.embeddings import EmbeddingRequest
+from ..api.errors import error_body, invalid_request
+from ..api.rerank import RerankRequest
+from ..api.schemas import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
+)
+from ..openai_responses.schemas import (
+    DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest, parse_input_tokens_request,
+    parse_responses_request,
+)
+from .openapi import DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, Doc
+from .responses_sse import ResponsesStream
+from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSEDialect
+
+ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
+"""A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
+
+
+class Handler(Enum):
+    """Which of the Ingress's handlers (app/http/server.py, `Endpoints`, a method of this name) answers a route."""
+
+    GENERATE = "generate"  # a JSON body: the whole answer, or an SSE stream when the request asks to `stream`
+    ANSWER = "answer"  # a JSON body: the whole answer
+    FROM_PATH = "from_path"  # the request is made from the path (and query): the whole answer
+    LIST_MODELS = "list_models"  # the rest the Ingress answers itself
+    GET_MODEL = "get_model"
+    HEALTH = "health"
+    OPENAPI = "openapi"
+
+
+class Trace(Enum):
+    NONE = "none"
+    INGRESS = "ingress"  # the Ingress's server span (a lookup: a token count, tokenize)
+    HOPS = "hops"  # a generation: the Ingress's span and one for each Ray hop it crosses
+
+
+class Framing:
+    """A stream's SSE framing: its dialect, and the error event that ends a stream under way, made from the
+    protocol's error body. Made once per request (the Responses API numbers the error after the last event)."""
+
+    def __init__(self, dialect: SSEDialect) -> None:
+        self.dialect = dialect
+
+    def error_event(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    method: str
+    handler: Handler
+    request: type | None = None  # the typed request (None: the Ingress answers without the processing)
+    parse: Callable[[Any], Any] | None = None  # the JSON body (FROM_PATH: the HTTP request) -> `request`
+    errors: ErrorShape = error_body
+    trace: Trace = Trace.NONE
+    framing: Callable[[], Any] = functools.partial(Framing, OPENAI_CHAT)  # GENERATE: a streamed answer's SSE
+    doc: Doc | dict[str, Any] | None = None  # in the OpenAPI document (a dict: the operation written out)
+
+    def read(self, body: Any) -> Any:
+        """The typed request from a decoded body: `parse`, or OpenAI's strict validation of `request`."""
+        return self.parse(body) if self.parse is not None else parse_request(self.request, body)
+
+
+def stored_response_request(request: Request) -> StoredResponseRequest:
+    if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+        raise invalid_request("Streaming a stored response is not supported: retrieve it without `stream`.",
+                              param="stream")
+    return StoredResponseRequest(request.path_params["response_id"])
+
+
+def delete_response_request(request: Request) -> DeleteResponseRequest:
+    return DeleteResponseRequest(request.path_params["response_id"])
+
+
+# llama-server answers rerank at all three; vLLM at /rerank, /v1/rerank and /v2/rerank (Cohere's path).
+_RERANK = (("/v1/rerank", "rerank"), ("/rerank", "rerankAlias"), ("/v2/rerank", "rerankV2"))
+_COUNTED = "`input_tokens`: the request's prompt, counted"
+G, A, H = Handler.GENERATE, Handler.ANSWER, Trace.HOPS
+
+# Starlette tries the paths in this order: /v1/responses/input_tokens before /v1/responses/{response_id}. The
+# OpenAPI document collects the requests' schemas in this order too, and OpenAI's and Anthropic's `Tool` share
+# a name there: the later (Anthropic's) is the one the document holds.
+ROUTES: tuple[Route, ...] = (
+    Route("/v1/chat/completions", "POST", G, ChatCompletionRequest, parse_chat_request, trace=H,
+          doc=Doc("createChatCompletion", "A chat completion, or an SSE stream of chunks when `stream`",
+                  "CreateChatCompletionRequest", stream=True)),
+    Route("/v1/completions", "POST", G, CompletionRequest, trace=H,
+          doc=Doc("createCompletion", "A text_completion, or an SSE stream of them when `stream`",
+                  "CreateCompletionRequest", stream=True)),
+    Route("/v1/responses", "POST", G, ResponsesRequest, parse_responses_request, trace=H, framing=ResponsesStream,
+          doc=Doc("createResponse", "A response, or an SSE stream of typed events when `stream`",
+                  "CreateResponseRequest", stream=True)),
+    Route("/v1/responses/input_tokens", "POST", A, InputTokensRequest, parse_input_tokens_request, trace=H,
+          doc=Doc("countResponseInputTokens", _COUNTED, "ResponsesInputTokensRequest")),
+    Route("/v1/responses/{response_id}", "GET", Handler.FROM_PATH, StoredResponseRequest, stored_response_request,
+          doc=GET_RESPONSE),
+    Route("/v1/responses/{response_id}", "DELETE", Handler.FROM_PATH, DeleteResponseRequest, delete_response_request,
+          doc=DELETE_RESPONSE),
+    Route("/v1/embeddings", "POST", A, EmbeddingRequest, trace=H,
+          doc=Doc("createEmbedding", "A list of embeddings (an embedding model)", "CreateEmbeddingRequest")),
+    *(Route(path, "POST", A, RerankRequest, trace=H, doc=Doc(
+        operation, "`results`: each document's `index` and `relevance_score`, highest first (a reranker)",
+        "RerankRequest")) for path, operation in _RERANK),
+    Route("/tokenize", "POST", A, TokenizeRequest, trace=Trace.INGRESS,
+          doc=Doc("tokenize", "`tokens`, `count`, `max_model_len`", "TokenizeRequest")),
+    Route("/detokenize", "POST", A, DetokenizeRequest, trace=Trace.INGRESS,
+          doc=Doc("detokenize", "`prompt`: the tokens' text", "DetokenizeRequest")),
+    Route("/v1/messages", "POST", G, MessagesRequest, parse_messages_request, anthropic_error_body, H,
+          functools.partial(Framing, ANTHROPIC_MESSAGES),
+          doc=Doc("createMessage", "An Anthropic `message`, or an SSE stream of Anthropic's events when `stream` "
+                  "(errors in Anthropic's shape)", "CreateMessageRequest", stream=True)),
+    Route("/v1/messages/count_tokens", "POST", A, CountTokensRequest, parse_count_tokens_request,
+          anthropic_error_body, Trace.INGRESS, doc=Doc("countMessageTokens", _COUNTED, "CountMessageTokensRequest")),
+    Route("/v1/models", "GET", Handler.LIST_MODELS, doc=LIST_MODELS),
+    Route("/v1/models/{model_id:path}", "GET", Handler.GET_MODEL, doc=RETRIEVE_MODEL),
+    Route("/health", "GET", Handler.HEALTH, doc=HEALTH),
+    Route("/openapi.json", "GET", Handler.OPENAPI),
+)
+
+
+class RouteTable:
+    """What the app derives from its routes: the lines of each path, the paths it traces, each path's error shape,
+    and whether a request's Ray hops get spans."""
+
+    def __init__(self, routes: Iterable[Route] = ROUTES) -> None:
+        self.routes = tuple(routes)
+        self.by_path: dict[str, dict[str, Route]] = {}
+        for route in self.routes:
+            self.by_path.setdefault(route.path, {})[route.method] = route
+        self.traced_paths = frozenset(r.path for r in self.routes if r.trace is not Trace.NONE)
+        self.hop_traced_types = frozenset(r.request for r in self.routes if r.trace is Trace.HOPS)
+        # By the literal path: a path with parameters keeps OpenAI's shape, whatever its line says.
+        self._shapes = {r.path: r.errors for r in self.routes}
+
+    def error_shape(self, path: str) -> ErrorShape:
+        """The error shape of the protocol a path belongs to, for errors found before its handler runs (a key,
+        an unknown method)."""
+        return self._shapes.get(path, error_body)
+
+    def hop_traced(self, request: Any) -> bool:
+        """Whether `request` crosses each Ray hop in a span of its own (a generation), or goes untraced there."""
+        return type(request) in self.hop_traced_types
+
+
+TABLE = RouteTable()

@@ -1,0 +1,47 @@
+"""The route table is the one list of routes: the app's paths, its traced paths, its Anthropic-shaped paths and
+its OpenAPI document are all read from it, and say what they said when each was written out by hand."""
+
+from __future__ import annotations
+
+from app.anthropic_messages.errors import anthropic_error_body
+from app.api.errors import error_body
+from app.http.openapi import openapi_document
+from app.http.routes import ROUTES, TABLE
+from app.http.server import ModelCard, build_http_app
+
+OPERATIONS = {
+    ("/v1/chat/completions", "post"): "createChatCompletion", ("/v1/completions", "post"): "createCompletion",
+    ("/v1/responses", "post"): "createResponse", ("/v1/responses/input_tokens", "post"): "countResponseInputTokens",
+    ("/v1/responses/{response_id}", "get"): "getResponse", ("/v1/responses/{response_id}", "delete"): "deleteResponse",
+    ("/v1/messages", "post"): "createMessage", ("/v1/messages/count_tokens", "post"): "countMessageTokens",
+    ("/v1/embeddings", "post"): "createEmbedding", ("/v1/rerank", "post"): "rerank", ("/rerank", "post"): "rerankAlias",
+    ("/v2/rerank", "post"): "rerankV2", ("/tokenize", "post"): "tokenize", ("/detokenize", "post"): "detokenize",
+    ("/v1/models", "get"): "listModels", ("/v1/models/{model_id}", "get"): "retrieveModel",
+    ("/health", "get"): "health",
+}
+
+
+def test_the_openapi_document_lists_every_documented_route():
+    doc = openapi_document(ROUTES)
+    assert {(path, method): op["operationId"] for path, ops in doc["paths"].items()
+            for method, op in ops.items()} == OPERATIONS
+    assert {"CreateChatCompletionRequest", "CreateCompletionRequest", "TokenizeRequest", "DetokenizeRequest",
+            "CreateResponseRequest", "ResponsesInputTokensRequest", "CreateEmbeddingRequest", "RerankRequest",
+            "CreateMessageRequest", "CountMessageTokensRequest", "ErrorResponse", "Model"} <= set(
+        doc["components"]["schemas"])
+
+
+def test_traced_and_anthropic_paths_come_from_the_table():
+    assert TABLE.traced_paths == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank",
+                                  "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses",
+                                  "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens"}
+    anthropic = {r.path for r in ROUTES if TABLE.error_shape(r.path) is anthropic_error_body}
+    assert anthropic == {"/v1/messages", "/v1/messages/count_tokens"}
+    assert TABLE.error_shape("/v1/unknown") is error_body
+
+
+def test_the_app_serves_each_path_of_the_table_once_with_all_its_methods():
+    app = build_http_app(object(), [ModelCard("m")])
+    served = {route.path: route.methods for route in app.routes}
+    assert list(served) == list(TABLE.by_path)
+    assert served["/v1/responses/{response_id}"] == {"GET", "HEAD", "DELETE"}
