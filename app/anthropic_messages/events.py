@@ -1,10 +1,10 @@
-"""A chat chunk stream as Anthropic's stream events.
+"""A streamed reply (the generation core's reply events, one choice) as Anthropic's stream events.
 
     message_start
     (content_block_start, content_block_delta*, content_block_stop)*   one block open at a time
     message_delta (stop_reason, usage), message_stop
 
-Chat's deltas say what kind of text each piece is (`reasoning_content`, `content`, a tool call's header
+The core's deltas say what kind of text each piece is (`reasoning_content`, `content`, a tool call's header
 then its argument fragments); a change of kind, or a new call, closes the open block and opens the next.
 A call's arguments go out as `input_json_delta`s as they are generated.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..generation.reading import Closed, Delta, ReplyEvent
 from .shaping import Totals, delta_usage, message, stop_reason, text_block, thinking_block, tool_use_block, usage
 
 
@@ -30,21 +31,21 @@ class MessageEvents:
         self.index = -1          # the open block's index (-1: none open yet)
         self.open: str | None = None  # its kind: "thinking", "text", or "tool_use:<chat call index>"
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one `chat.completion.chunk` makes (none for a usage-only chunk)."""
+    def feed(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        """The events one reply event makes (the first starts the message)."""
         out: list[dict[str, Any]] = []
         if not self.started:
             out += self.start()
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
+        if isinstance(event, Delta):
+            delta = event.delta
             if delta.get("reasoning_content"):
                 out += self._text("thinking", delta["reasoning_content"])
             if delta.get("content"):
                 out += self._text("text", delta["content"])
             for call in delta.get("tool_calls") or []:
                 out += self._call(call)
-            if choice.get("finish_reason") is not None:
-                out += self.finish(choice["finish_reason"])
+        elif isinstance(event, Closed) and event.finish_reason is not None:
+            out += self.finish(event.finish_reason)
         return out
 
     def start(self) -> list[dict[str, Any]]:

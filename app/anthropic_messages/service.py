@@ -1,17 +1,22 @@
-"""MessagesService: Anthropic's Messages API over chat's pipeline. A request is mapped to the chat request
-it means and planned as chat plans it; the reply is read by chat's parsers, as ChatReply reads it, and only
-shaped differently: a `message` for a whole reply, Anthropic's events for a stream."""
+"""MessagesService: Anthropic's Messages API as an adapter of the generation core (app/generation/core.py). A
+request is mapped to the chat request it means and planned, generated and read by the core as any chat-shaped
+turn; what was read is shaped as Anthropic's: a `message` for a whole reply, its events for a stream."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..generation.plan import GenerationPlan
-from ..chat.service import ChatReply, ChatService
-from ..config.settings import ModelSpec
+from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
-from ..observe.request_records import RequestRecord
+from ..generation.adapters import Target
+from ..generation.caller import ANONYMOUS, Caller
+from ..generation.core import GenerationCore
+from ..generation.lifecycle import Lifecycle
+from ..generation.plan import GenerationPlan
+from ..generation.reading import ReplyReader
+from ..generation.rounds import Generate
+from ..observe.request_records import RequestObserver, RequestRecord
 from .events import MessageEvents
 from .mapping import to_chat_request
 from .schemas import MessagesRequest
@@ -19,11 +24,13 @@ from .shaping import Totals, message_body, message_id
 
 
 class MessagesReply:
-    """A chat reply (one choice) shaped as Anthropic's: its body a `message`, its chunks stream events."""
+    """The core's reading of a reply (one choice) shaped as Anthropic's: its body a `message`, its chunks
+    stream events."""
 
     def __init__(self, plan: GenerationPlan, stream: bool) -> None:
-        self.chat = ChatReply(plan, stream)
-        self.tally = self.chat.choices[0].tally
+        self.plan = plan
+        self.reader = ReplyReader(plan)
+        self.tally = self.reader.choices[0].tally
         self.events = MessageEvents(message_id(plan.gen.request_id), plan.req.model, self.totals) if stream else None
 
     def totals(self) -> Totals:
@@ -32,35 +39,63 @@ class MessagesReply:
                       completion_tokens=t.completion_tokens, stop_sequence=t.stop_sequence)
 
     def read(self, batch: tuple[int, list[Event]]) -> None:
-        self.chat.read(batch)
+        self.reader.read(batch)
 
     def check(self) -> None:
-        self.chat.check()
+        self.reader.check()
 
     def body(self) -> dict[str, Any]:
-        return message_body(self.chat.body(), self.totals())
+        result = self.reader.results()[0]
+        return message_body(message_id(self.plan.gen.request_id), self.plan.req.model, result.message,
+                            result.finish_reason, self.totals())
 
     def chunks(self, batch: tuple[int, list[Event]]) -> list[dict[str, Any]]:
-        return [event for chunk in self.chat.chunks(batch) for event in self.events.feed(chunk)]
+        return [event for ev in self.reader.feed(batch) for event in self.events.feed(ev)]
 
-    def usage_chunk(self) -> dict[str, Any]:
-        raise NotImplementedError("a message stream's usage is in its message_delta event")
+    @property
+    def whole(self) -> bool:
+        return self.reader.ended
+
+    def tail(self) -> list[dict[str, Any]]:
+        """Nothing: a message stream's usage is in its message_delta event."""
+        return []
 
     def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
-        return self.chat.record(protocol, stream, failure)
+        return self.reader.record(protocol, stream, failure)
 
 
-class MessagesService(ChatService):
-    """Chat's lifecycle, planning and generation rounds, recorded under the protocol `messages`."""
+class MessagesService:
+    """`/v1/messages`: the core's turn as Anthropic's message, recorded under the protocol `messages`."""
 
     protocol = "messages"
 
-    def make_plan(self, req: MessagesRequest, spec: ModelSpec, scope: str) -> GenerationPlan:  # type: ignore[override]
-        mapped = to_chat_request(req)
-        return self.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
+    def __init__(self, specs: list[ModelSpec], generate: Generate, *, limits: Limits | None = None,
+                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
+        self.core = GenerationCore(specs, generate, limits=limits, per_key_cache=per_key_cache)
+        self.lifecycle: Lifecycle[MessagesRequest, GenerationPlan, MessagesReply] = Lifecycle(self, observer)
 
-    def reply(self, plan: GenerationPlan, stream: bool) -> MessagesReply:  # type: ignore[override]
+    def target(self, req: MessagesRequest) -> Target:
+        return self.core.target(req.model, "/v1/messages")
+
+    def make_plan(self, req: MessagesRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
+        """The request mapped to its chat request and planned for `spec` (in a thread: pure CPU work)."""
+        mapped = to_chat_request(req)
+        return self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
+
+    async def plan(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
+        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan)
+
+    def reply(self, plan: GenerationPlan, stream: bool) -> MessagesReply:
         return MessagesReply(plan, stream)
 
-    def events(self, plan: GenerationPlan, reply: MessagesReply) -> AsyncIterator[tuple[int, list[Event]]]:  # type: ignore[override]
-        return super().events(plan, reply.chat)
+    def events(self, plan: GenerationPlan, reply: MessagesReply) -> AsyncIterator[tuple[int, list[Event]]]:
+        return self.core.events(plan, reply.reader)
+
+    async def keep(self, req: MessagesRequest, reply: MessagesReply, caller: Caller) -> None:
+        """A message keeps nothing."""
+
+    async def complete(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
+        return await self.lifecycle.complete(req, caller)
+
+    def stream(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
+        return self.lifecycle.stream(req, caller)

@@ -1,4 +1,4 @@
-"""A chat reply in Anthropic's shapes: the whole `message` from a `chat.completion` body, and the pieces
+"""A reply in Anthropic's shapes: the whole `message` from the core's reading of it, and the pieces
 the stream's events share with it (ids, stop reasons, usage, blocks)."""
 
 from __future__ import annotations
@@ -87,11 +87,10 @@ def message(message_id_: str, model: str, content: list[dict[str, Any]], stop_re
             "usage": usage_}
 
 
-def message_body(chat_body: dict[str, Any], totals: Totals) -> dict[str, Any]:
-    """A `chat.completion` (one choice) as Anthropic's `message`: blocks thinking, text, tool_use, in the
-    order a stream gives them."""
-    choice = chat_body["choices"][0]
-    reply = choice["message"]
+def message_body(message_id_: str, model: str, reply: dict[str, Any], finish_reason: str | None,
+                 totals: Totals) -> dict[str, Any]:
+    """A whole reply (its parsed message: `content`, `reasoning_content`, `tool_calls`) as Anthropic's `message`:
+    blocks thinking, text, tool_use, in the order a stream gives them."""
     content: list[dict[str, Any]] = []
     if reply.get("reasoning_content"):
         content.append(thinking_block(reply["reasoning_content"]))
@@ -100,9 +99,9 @@ def message_body(chat_body: dict[str, Any], totals: Totals) -> dict[str, Any]:
     for call in reply.get("tool_calls") or []:
         fn = call["function"]
         content.append(tool_use_block(call["id"], fn["name"], tool_input(fn["arguments"])))
-    stop = stop_reason(choice["finish_reason"], totals.stop_sequence)
-    return message(message_id(chat_body["id"].removeprefix("chatcmpl-")), chat_body["model"], content, stop,
-                   totals.stop_sequence if stop == "stop_sequence" else None, usage(totals))
+    stop = stop_reason(finish_reason, totals.stop_sequence)
+    return message(message_id_, model, content, stop, totals.stop_sequence if stop == "stop_sequence" else None,
+                   usage(totals))
 
 
 def count_tokens_body(input_tokens: int) -> dict[str, Any]:

@@ -1,6 +1,5 @@
-"""Chat completions between the HTTP edge and the model: run a planned request's generation (continued when
-a tool call is cut), and shape OpenAI responses and chunks. Planning is app/generation/plan.py, shared with
-the other protocols. See docs/architecture.md."""
+"""Chat completions as an adapter of the generation core (app/generation/core.py): the core's reading of a
+turn shaped as OpenAI's `chat.completion` and its chunks (responses.py). See docs/architecture.md."""
 
 from .service import ChatService
 

@@ -1,5 +1,6 @@
-"""CompletionService: legacy text completions, over the request lifecycle ChatService shares
-(app/generation/lifecycle.py). Each prompt of the request is one generation of `n` choices (choice
+"""CompletionService: legacy text completions, over the request lifecycle every generating protocol shares
+(app/generation/lifecycle.py) and the core's deadline, stream merging and tally; not over the core's chat
+planning and reading (no template, no parsers: the text is the reply). Each prompt of the request is one generation of `n` choices (choice
 index = prompt × n + i, as OpenAI numbers them); the prompts run together, under one deadline, and
 their events are shaped into `text_completion`s."""
 
@@ -12,18 +13,20 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ..prompt import content_marks
-from ..chat.choices import merge
+from ..generation.adapters import Target, served_target
+from ..generation.caller import ANONYMOUS, Caller, cache_scope
+from ..generation.choices import merge
 from ..generation.plan import check_completion_limit, client_gbnf, sampling_from
-from ..chat.rounds import with_deadline
-from ..chat.tally import ReplyTally
+from ..generation.rounds import Generate, with_deadline
+from ..generation.tally import ReplyTally
 from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.admission import WAITING_PER_SLOT
 from ..engine.params import GenerationRequest
 from ..api.errors import APIError, invalid_request
 from ..api.schemas import CompletionRequest
-from ..observe.request_records import RequestRecord
-from ..generation.lifecycle import RequestLifecycle
+from ..observe.request_records import RequestObserver, RequestRecord
+from ..generation.lifecycle import Lifecycle, plan_off_loop
 from .responses import CompletionMaker, LegacyLogprobs, choice
 
 T = TypeVar("T")
@@ -143,8 +146,13 @@ class CompletionReply:
     def chunks(self, batch: list[tuple[int, Event]]) -> list[dict[str, Any]]:
         return [chunk for p, ev in batch for chunk in self._apply(p, ev, self.maker)]
 
-    def usage_chunk(self) -> dict[str, Any]:
-        return self.maker.usage(self.tally.usage())
+    @property
+    def whole(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+    def tail(self) -> list[dict[str, Any]]:
+        """The usage chunk, when the client asked for it (`stream_options.include_usage`)."""
+        return [self.maker.usage(self.tally.usage())] if self.plan.req.include_usage else []
 
     def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
         return self.tally.record(self.plan.spec.id, stream, failure, protocol)
@@ -174,28 +182,53 @@ class CompletionReply:
                 for c, text, finish in parts if text is not None and (text or finish or c.logprobs)]
 
 
-class CompletionService(RequestLifecycle[CompletionRequest, CompletionPlan, CompletionReply]):
+class CompletionService:
+    """`/v1/completions`: each prompt generated as it is, shaped as `text_completion`s."""
+
     protocol = "completions"
 
+    def __init__(self, specs: list[ModelSpec], generate: Generate, *, limits: Limits | None = None,
+                 observer: RequestObserver | None = None, per_key_cache: bool = True) -> None:
+        self.models = {s.id: s for s in specs}
+        self.generate = generate
+        self.limits = limits or Limits()
+        self.per_key_cache = per_key_cache
+        self.lifecycle: Lifecycle[CompletionRequest, CompletionPlan, CompletionReply] = Lifecycle(self, observer)
+
+    def target(self, req: CompletionRequest) -> Target:
+        return served_target(self.models, req.model, "chat", "/v1/completions", req.lora)
+
     def make_plan(self, req: CompletionRequest, spec: ModelSpec, scope: str) -> CompletionPlan:
+        """The request's plan for `spec` (in a thread: pure CPU work)."""
         return plan_completion(req, spec, self.limits, scope)
 
-    def use_adapters(self, plan: CompletionPlan, adapters: tuple[tuple[str, float], ...]) -> None:
-        for gen in plan.gens:
-            gen.adapters = adapters
-
-    def plan_attributes(self, plan: CompletionPlan) -> dict[str, Any]:
-        return {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n}
+    async def plan(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> CompletionPlan:
+        target = self.target(req)
+        scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
+        plan = await plan_off_loop(self.limits, self.make_plan, req, target.spec, scope, plan_attributes)
+        if target.adapters:
+            for gen in plan.gens:
+                gen.adapters = target.adapters
+        return plan
 
     def reply(self, plan: CompletionPlan, stream: bool) -> CompletionReply:
         return CompletionReply(plan, stream)
+
+    async def keep(self, req: CompletionRequest, reply: CompletionReply, caller: Caller) -> None:
+        """A completion keeps nothing."""
+
+    async def complete(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
+        return await self.lifecycle.complete(req, caller)
+
+    def stream(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
+        return self.lifecycle.stream(req, caller)
 
     async def events(self, plan: CompletionPlan, reply: CompletionReply) -> AsyncIterator[list[tuple[int, Event]]]:
         """Each batch's events with their prompt's number, recorded in the reply's tally, until every
         choice finished or the deadline passed (504)."""
         timeout_s, tally = self.limits.request_timeout_s, reply.tally
         deadline = time.monotonic() + timeout_s
-        sources = [with_deadline(self.open_stream(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
+        sources = [with_deadline(self.generate(plan.spec.id, gen), deadline, timeout_s) for gen in plan.gens]
         finished = [0] * len(sources)
         async for p, batch in _prompt_errors(merge(sources)):
             for ev in batch:
@@ -210,3 +243,8 @@ class CompletionService(RequestLifecycle[CompletionRequest, CompletionPlan, Comp
         if any(done < plan.n for done in finished):
             raise APIError("The model stream ended without finishing.", status=502, type="server_error",
                            code="incomplete_generation")
+
+
+def plan_attributes(plan: CompletionPlan) -> dict[str, Any]:
+    """What planning decided, for its span."""
+    return {"llamaray.prompts": len(plan.gens), "gen_ai.request.choice.count": plan.n}

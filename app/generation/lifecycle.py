@@ -2,7 +2,8 @@
 span, within limits.grammar_timeout_s), its model events read into the protocol's reply, whole or streamed,
 and recorded once with how it ended (answered, refused, timed out, cut off by the client). A planning error
 is the client's and comes before any of it: no model is asked and nothing is recorded. Each protocol's
-service says only what differs: how it plans, which streams it opens, how events shape its reply."""
+service says only what differs (`Generating`): how it plans, which streams it opens, how events shape its
+reply (`Reply`), what it keeps of an answered request."""
 
 from __future__ import annotations
 
@@ -11,21 +12,16 @@ import time
 from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.errors import invalid_request, timeout_error
-from ..api.schemas import ChatCompletionRequest, CompletionRequest
 from ..config.settings import Limits, ModelSpec
-from ..engine.events import Event
-from ..engine.params import GenerationRequest
 from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
 from ..observe.tracing import traced
-from .adapters import Target, served_target
-from .caller import ANONYMOUS, Caller, cache_scope
+from .adapters import Target
+from .caller import ANONYMOUS, Caller
 
 T = TypeVar("T")
-RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
-PlanT = TypeVar("PlanT")
 
 
 async def off_loop(limits: Limits, fn: Callable[..., T], *args: Any) -> T:
@@ -56,8 +52,14 @@ class Reply(Protocol):
     def chunks(self, batch: Any) -> list[dict[str, Any]]:
         """A batch of a streamed reply: the chunks it makes (raise to end the stream with an error)."""
 
-    def usage_chunk(self) -> dict[str, Any]:
-        """A stream's last chunk when the client asked for usage."""
+    @property
+    def whole(self) -> bool:
+        """A streamed reply's final chunk is made (it may not be sent yet)."""
+
+    def tail(self) -> list[dict[str, Any]]:
+        """What a stream sends after the model's last events: a usage chunk where the protocol has one and
+        the client asked for it (chat's and the legacy route's `stream_options.include_usage`); nothing
+        where usage rides in the final event (Responses, Messages)."""
 
     def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
         """What the observer is told about the request, which ended with `failure` (None: answered)."""
@@ -105,102 +107,85 @@ async def pooled_request(observer: RequestObserver, protocol: str, model: str, l
     return done[0]
 
 
+RequestT = TypeVar("RequestT")
+PlanT = TypeVar("PlanT")
 ReplyT = TypeVar("ReplyT", bound=Reply)
 
 
-class RequestLifecycle(Generic[RequestT, PlanT, ReplyT]):
-    """A protocol's service: `complete` and `stream` over the lifecycle. Subclasses set `protocol` and give
-    `make_plan`, `plan_attributes`, `reply` and `events`."""
+class Generating(Protocol[RequestT, PlanT, ReplyT]):
+    """What a generating protocol's service gives the lifecycle: how its request is planned, which reply it
+    fills, which model events fill it, and what it keeps of an answered request."""
 
-    protocol: ClassVar[str]
-
-    def __init__(self, specs: list[ModelSpec],
-                 open_stream: Callable[[str, GenerationRequest], AsyncIterator[list[Event]]], *,
-                 limits: Limits | None = None, observer: RequestObserver | None = None,
-                 per_key_cache: bool = True) -> None:
-        self.models = {s.id: s for s in specs}
-        self.open_stream = open_stream
-        self.limits = limits or Limits()
-        self.observer = observer or NullObserver()
-        self.per_key_cache = per_key_cache
-
-    def make_plan(self, req: RequestT, spec: ModelSpec, scope: str) -> PlanT:
-        """The request's plan for `spec`, its prompts to share cached prefixes within `scope`. Runs in a
-        thread: pure CPU work, no event loop."""
-        raise NotImplementedError
-
-    def plan_attributes(self, plan: PlanT) -> dict[str, Any]:
-        """What planning decided, for its span."""
-        raise NotImplementedError
-
-    def use_adapters(self, plan: PlanT, adapters: tuple[tuple[str, float], ...]) -> None:
-        """Set the LoRA adapters (name, scale) the plan's generations decode under."""
-        raise NotImplementedError
+    @property
+    def protocol(self) -> str:
+        """The name its requests are recorded under (`llamaray_requests_total{protocol=...}`)."""
 
     def target(self, req: RequestT) -> Target:
-        """The request's base model and adapters (`model`, `lora`): a 404 for a model or adapter not configured."""
-        return served_target(self.models, req.model, "chat",
-                             "/v1/chat/completions" if self.protocol == "chat" else f"/v1/{self.protocol}",
-                             getattr(req, "lora", None))
+        """The request's base model and adapters: a 404 for a model or adapter not configured."""
 
-    def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None) -> RequestRecord:
-        rec = reply.record(self.protocol, stream, failure)
-        return replace(rec, adapter=target.label) if target.label else rec
+    async def plan(self, req: RequestT, caller: Caller) -> PlanT:
+        """The request's plan; its errors are the client's and come before anything is recorded."""
 
     def reply(self, plan: PlanT, stream: bool) -> ReplyT:
         """A reply to fill from the plan's events, whole or streamed."""
-        raise NotImplementedError
 
     def events(self, plan: PlanT, reply: ReplyT) -> AsyncIterator[Any]:
         """The plan's model events in batches, until the reply is done or its deadline passes."""
-        raise NotImplementedError
 
-    def is_whole(self, reply: ReplyT) -> bool:
-        """Whether a streamed reply is whole: its final chunk made, not yet sent (then `whole` runs)."""
-        return False
-
-    async def whole(self, req: RequestT, reply: ReplyT, caller: Caller) -> None:
+    async def keep(self, req: RequestT, reply: ReplyT, caller: Caller) -> None:
         """Once per answered request, when its reply is whole and before the client has its end (the body,
-        or a stream's final chunk): what the protocol keeps of it. Nothing by default."""
+        or a stream's final chunk): what the protocol keeps of it."""
 
-    async def plan(self, req: RequestT, caller: Caller = ANONYMOUS) -> PlanT:
-        """The request's plan, built off the event loop (template rendering and grammar building are CPU
-        work) and within limits.grammar_timeout_s."""
-        target = self.target(req)
-        scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        plan = await traced("plan", off_loop(self.limits, self.make_plan, req, target.spec, scope),
-                            self.plan_attributes)
-        if target.adapters:
-            self.use_adapters(plan, target.adapters)
-        return plan
+
+async def plan_off_loop(limits: Limits, make_plan: Callable[[Any, ModelSpec, str], PlanT], req: Any,
+                        spec: ModelSpec, scope: str, attributes: Callable[[PlanT], dict[str, Any]]) -> PlanT:
+    """`make_plan(req, spec, scope)` off the event loop (template rendering and grammar building are CPU
+    work), within limits.grammar_timeout_s, in a `plan` span that says what it decided (`attributes`)."""
+    return await traced("plan", off_loop(limits, make_plan, req, spec, scope), attributes)
+
+
+class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
+    """`complete` and `stream` of a generating service, over what it gives (`Generating`): planned, its
+    events read into its reply, recorded once with how it ended."""
+
+    def __init__(self, service: Generating[RequestT, PlanT, ReplyT], observer: RequestObserver | None = None) -> None:
+        self.service = service
+        self.observer = observer or NullObserver()
+
+    def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None) -> RequestRecord:
+        rec = reply.record(self.service.protocol, stream, failure)
+        return replace(rec, adapter=target.label) if target.label else rec
 
     async def complete(self, req: RequestT, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        plan = await self.plan(req, caller)
-        target = self.target(req)
-        reply = self.reply(plan, False)
+        service = self.service
+        plan = await service.plan(req, caller)
+        target = service.target(req)
+        reply = service.reply(plan, False)
         with recording(self.observer, lambda failure: self._record(target, reply, False, failure)):
-            async for batch in self.events(plan, reply):
+            async for batch in service.events(plan, reply):
                 reply.read(batch)
             reply.check()
             body = reply.body()
-            await self.whole(req, reply, caller)
+            await service.keep(req, reply, caller)
         return body
 
     async def stream(self, req: RequestT, caller: Caller = ANONYMOUS) -> AsyncIterator[list[dict[str, Any]]]:
         """Chunk batches; the first is empty: "accepted", planning passed (its errors are the client's
         and come before it), so the Ingress can answer with headers while the model is awaited."""
-        plan = await self.plan(req, caller)
-        target = self.target(req)
-        reply = self.reply(plan, True)
+        service = self.service
+        plan = await service.plan(req, caller)
+        target = service.target(req)
+        reply = service.reply(plan, True)
         kept = False
         with recording(self.observer, lambda failure: self._record(target, reply, True, failure)):
             yield []
-            async for batch in self.events(plan, reply):
+            async for batch in service.events(plan, reply):
                 out = reply.chunks(batch)
-                if not kept and self.is_whole(reply):
-                    await self.whole(req, reply, caller)
+                if not kept and reply.whole:
+                    await service.keep(req, reply, caller)
                     kept = True
                 if out:
                     yield out
-            if req.include_usage:
-                yield [reply.usage_chunk()]
+            tail = reply.tail()
+            if tail:
+                yield tail

@@ -1,5 +1,5 @@
 """Planning: a validated chat request and its model -> what to generate (prompt, sampling, grammar,
-limits) and how to read the reply. Pure: no I/O, no event loop; ChatService runs it off the loop."""
+limits) and how to read the reply. Pure: no I/O, no event loop; the generation core (core.py) runs it off the loop."""
 
 from __future__ import annotations
 

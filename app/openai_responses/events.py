@@ -1,4 +1,4 @@
-"""A chat reply's stream (`chat.completion.chunk`s of one choice) as the Responses API's typed events.
+"""A streamed reply (the generation core's reply events, one choice) as the Responses API's typed events.
 
 Each output item is opened when its first delta arrives and closed when another kind of delta (or the end)
 comes: `response.output_item.added`, then for text and reasoning a content part with its deltas and
@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from ..generation.reading import Closed, Delta, ReplyEvent
 from .shaping import (
     ResponseShaper,
     function_call_item,
@@ -24,7 +25,7 @@ from .shaping import (
 
 
 class ResponseEvents:
-    """`usage()`: the chat usage once the reply finished (its tally's)."""
+    """`usage()`: the reply's usage (chat's names) once it finished."""
 
     def __init__(self, shaper: ResponseShaper, usage: Callable[[], dict[str, Any]]) -> None:
         self.shaper = shaper
@@ -45,19 +46,19 @@ class ResponseEvents:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events of one chat chunk (of a one-choice reply); its finish chunk ends the response."""
+    def feed(self, event: ReplyEvent) -> list[dict[str, Any]]:
+        """The events of one reply event (of a one-choice reply); its `Closed` ends the response."""
         out = self.start() if self.sequence == 0 else []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
+        if isinstance(event, Delta):
+            delta = event.delta
             if delta.get("reasoning_content"):
                 out += self._text("reasoning", delta["reasoning_content"])
             if delta.get("content"):
                 out += self._text("message", delta["content"])
             for call in delta.get("tool_calls") or []:
                 out += self._call(call)
-            if choice.get("finish_reason") is not None:
-                out += self.end(choice["finish_reason"], self.usage())
+        elif isinstance(event, Closed) and event.finish_reason is not None:
+            out += self.end(event.finish_reason, self.usage())
         return out
 
     def end(self, finish_reason: str | None, chat_usage: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The `response` object: a chat reply's reasoning, text and calls as output items, its usage under the
+"""The `response` object: a reply's reasoning, text and calls as output items, its usage under the
 Responses API's names, and the request's parameters echoed as the spec requires."""
 
 from __future__ import annotations
@@ -122,8 +122,7 @@ class ResponseShaper:
         status = "incomplete" if finish_reason == "length" else "completed"
         return self.response(status, output, usage(chat_usage, output))
 
-    def from_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A `chat.completion` body (one choice) as the response object."""
-        choice = body["choices"][0]
-        cut = choice["finish_reason"] == "length"
-        return self.finished(output_items(choice["message"], cut), body["usage"], choice["finish_reason"])
+    def finished_reply(self, message: dict[str, Any], finish_reason: str | None,
+                       chat_usage: dict[str, Any]) -> dict[str, Any]:
+        """A whole reply (its parsed message, why it ended, its usage) as the response object."""
+        return self.finished(output_items(message, finish_reason == "length"), chat_usage, finish_reason)

@@ -1,4 +1,4 @@
-"""The Messages service over model events (no engine): chat's real chunk sequences (parsers, reasoning split,
+"""The Messages service over model events (no engine): the core's real reply events (parsers, reasoning split,
 tool-call arguments in fragments) turned into Anthropic's stream events, each valid against Anthropic's spec,
 in order, and read by Anthropic's own SDK into the very message the unstreamed reply is."""
 
@@ -17,6 +17,7 @@ from app.anthropic_messages.events import MessageEvents
 from app.anthropic_messages.schemas import parse_messages_request
 from app.anthropic_messages.shaping import Totals
 from app.engine.events import Finished, Started, Text
+from app.generation.reading import Closed, Delta, Opened
 from tests.support.anthropic_spec import assert_valid
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -162,22 +163,23 @@ def test_empty_reply_is_a_message_without_blocks(bundled_spec):
     assert body["content"] == [] and [e["type"] for e in events] == ["message_start", "message_delta", "message_stop"]
 
 
-def test_state_machine_on_chunks_directly():
-    """Chunks as chat makes them: the role chunk opens nothing; a change of kind closes the open block."""
+def test_state_machine_on_reply_events_directly():
+    """Reply events as the core makes them: opening the reply opens no block; a change of kind closes the open
+    block."""
     machine = MessageEvents("msg_1", "m", lambda: Totals(prompt_tokens=5, completion_tokens=3))
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    def delta(delta: dict[str, Any]) -> Delta:
+        return Delta(0, delta, None)
 
-    events = [*machine.feed(chunk({"role": "assistant", "content": ""})),
-              *machine.feed(chunk({"reasoning_content": "hm"})),
-              *machine.feed(chunk({"content": "Hi"})),
-              *machine.feed(chunk({"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
+    events = [*machine.feed(Opened(0)),
+              *machine.feed(delta({"reasoning_content": "hm"})),
+              *machine.feed(delta({"content": "Hi"})),
+              *machine.feed(delta({"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
                                                    "function": {"name": "f", "arguments": ""}}]})),
-              *machine.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]})),
-              *machine.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]})),
-              *machine.feed(chunk({}, "tool_calls")),
-              *machine.feed(chunk({}, "tool_calls"))]  # a second finish changes nothing
+              *machine.feed(delta({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]})),
+              *machine.feed(delta({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]})),
+              *machine.feed(Closed(0, "tool_calls", None)),
+              *machine.feed(Closed(0, "tool_calls", None))]  # a second close changes nothing
     assert [(e["type"], e.get("index")) for e in events] == [
         ("message_start", None), ("content_block_start", 0), ("content_block_delta", 0), ("content_block_stop", 0),
         ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),

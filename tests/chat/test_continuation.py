@@ -15,8 +15,8 @@ import pytest
 from app.api.schemas import parse_chat_request
 from app.chat import ChatService
 from app.generation.plan import plan_request
-from app.chat.rounds import continuation_room
-from app.chat.tally import ReplyTally
+from app.generation.rounds import continuation_room
+from app.generation.tally import ReplyTally
 from app.config.settings import Limits
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text

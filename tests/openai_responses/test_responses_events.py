@@ -1,5 +1,5 @@
-"""The event state machine and the response shaper, fed with chat chunk streams made by the chat route's own
-parsers from model text split into small pieces: every event and body valid against OpenAI's spec, numbered
+"""The event state machine and the response shaper, fed with the reply events the generation core's own
+parsers make from model text split into small pieces: every event and body valid against OpenAI's spec, numbered
 in order, and the streamed response equal to the one shaped from the whole reply."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.chat.responses import ChunkMaker
-from app.chat.service import finish_reason
+from app.generation.reading import Closed, Delta, Opened, ReplyEvent, finish_reason
 from app.openai_responses.events import ResponseEvents
 from app.openai_responses.schemas import parse_responses_request
 from app.openai_responses.shaping import ResponseShaper, output_items, usage
@@ -22,25 +21,25 @@ USAGE = {"prompt_tokens": 30, "completion_tokens": 20, "total_tokens": 50, "prom
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
 
 
-def chat_stream(text: str, piece: int, ended: str = "stop") -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The chat chunks a reply of `text` streams (pieces of `piece` characters), and its parsed whole message."""
+def reply_stream(text: str, piece: int, ended: str = "stop") -> tuple[list[ReplyEvent], dict[str, Any]]:
+    """The reply events a reply of `text` streams (pieces of `piece` characters), and its parsed whole message."""
     def parser() -> ReplyParser:
         return ReplyParser(reasoning="think", tools="hermes", tool_names=frozenset({"get_weather", "get_time"}))
 
-    stream, maker = parser(), ChunkMaker("x", "m", False)
-    chunks = [maker.role()]
+    stream = parser()
+    events: list[ReplyEvent] = [Opened(0)]
     for i in range(0, len(text), piece):
-        chunks += [maker.delta(d) for d in stream.feed(text[i:i + piece])]
-    chunks += [maker.delta(d) for d in stream.finish()]
-    chunks.append(maker.delta({}, finish_reason(stream.made_tool_calls, ended)))
-    return chunks, parser().parse(text)
+        events += [Delta(0, d, None) for d in stream.feed(text[i:i + piece])]
+    events += [Delta(0, d, None) for d in stream.finish()]
+    events.append(Closed(0, finish_reason(stream.made_tool_calls, ended), None))
+    return events, parser().parse(text)
 
 
 def run(text: str, piece: int, ended: str = "stop", **fields: Any):
     req = parse_responses_request({"model": "m", "input": "hi", "stream": True, **fields})
     machine = ResponseEvents(ResponseShaper(req), lambda: USAGE)
-    chunks, message = chat_stream(text, piece, ended)
-    events = [e for chunk in chunks for e in machine.feed(chunk)]
+    replies, message = reply_stream(text, piece, ended)
+    events = [e for reply in replies for e in machine.feed(reply)]
     whole = ResponseShaper(req).finished(output_items(message, ended == "length"), USAGE, ended)
     return events, machine.final, whole
 

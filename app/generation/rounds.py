@@ -20,14 +20,14 @@ from ..api.errors import APIError, timeout_error
 from ..engine.events import Event, Finished, Started, Text
 from ..engine.params import GenerationRequest
 from ..parsers import ReplyParser
-from ..generation.plan import GenerationPlan
+from .plan import GenerationPlan
 from .tally import ReplyTally
 
-OpenStream = Callable[[str, GenerationRequest], AsyncIterator[list[Event]]]
+Generate = Callable[[str, GenerationRequest], AsyncIterator[list[Event]]]
 """How a reply reaches a model: a Ray handle in production, an engine or a fake in tests."""
 
 
-async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally,
+async def reply_events(generate: Generate, plan: GenerationPlan, parser: ReplyParser, tally: ReplyTally,
                        timeout_s: float, first: AsyncIterator[list[Event]] | None = None) -> AsyncIterator[list[Event]]:
     """The reply's events, recorded in `tally`, until it finishes or `timeout_s` passes (504).
     `first`: the first round's events when they are already flowing (one choice of several)."""
@@ -35,7 +35,7 @@ async def reply_events(open_stream: OpenStream, plan: GenerationPlan, parser: Re
     gen, rounds = plan.gen, 0
     generated: list[int] = []  # the reply's token ids, over its rounds
     while gen is not None:
-        events = first if first is not None else open_stream(plan.spec.id, gen)
+        events = first if first is not None else generate(plan.spec.id, gen)
         first, gen = None, None
         async for batch in with_deadline(events, deadline, timeout_s):
             out = []
