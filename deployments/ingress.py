@@ -19,7 +19,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
-from app.http.auth import KeyChecker, load_api_keys, require_keys
+from app.http.auth import KeyChecker, load_key_registry, require_keys
 from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
 from app.http.routes import TABLE
 from app.http.server import ServerSettings, build_http_app, model_cards
@@ -54,9 +54,9 @@ class _Front:
 
     def _serve(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig, processing: Processing,
                refresh: Refresh) -> None:
-        keys = load_api_keys(auth.api_keys_env, auth.api_keys_file)
+        keys = load_key_registry(auth.api_keys_env, auth.api_keys_file)
         require_keys(keys, auth.required, auth.api_keys_env, auth.api_keys_file)
-        if not keys:
+        if not keys.enabled:
             logger.warning("no API keys loaded: this endpoint serves without authentication "
                            "(set $%s or auth.api_keys_file; auth.required: true refuses to start without)",
                            auth.api_keys_env)
@@ -64,10 +64,10 @@ class _Front:
         self.processing = processing
         self.health = HealthCache(refresh, [s.id for s in specs])
         # Hosts and origins from the config and, like the keys, from this replica's environment.
-        browser = browser_policy(not keys, entries(auth.allowed_hosts, os.environ.get(HOSTS_ENV)),
+        browser = browser_policy(not keys.enabled, entries(auth.allowed_hosts, os.environ.get(HOSTS_ENV)),
                                  entries(auth.allowed_origins, os.environ.get(ORIGINS_ENV)))
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
-                                       keys=KeyChecker(keys), stream_keepalive_s=limits.stream_keepalive_s,
+                                       keys=KeyChecker(registry=keys), stream_keepalive_s=limits.stream_keepalive_s,
                                        browser=browser)
 
     async def _pool_states(self) -> dict[str, str]:

@@ -323,7 +323,9 @@ class AuthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     api_keys_env: str | None = Field("LLAMARAY_API_KEYS", description="env var with comma-separated keys")
-    api_keys_file: str | None = Field(None, description="file with one key per line")
+    api_keys_file: str | None = Field(None, description="file with one key per line, or key policies (hashed keys "
+                                      "with their models, limits and budgets: docs/configuration.md), re-read when "
+                                      "it changes")
     required: bool = Field(False, description="refuse to start a replica that loads no key (fail closed)")
     cache_isolation: Literal["per_key", "shared"] = Field(
         "per_key", description="`per_key`: a prompt reuses cached prefixes (KV, prompt cache, prefix routing) only "

@@ -35,6 +35,7 @@ from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
 from .routes import TABLE, ErrorShape, Route, RouteTable
+from ..tenants.policies import KeyPolicy
 from .sse import SSE_HEADERS, SSEDialect, frame_stream
 
 log = logging.getLogger("llamaray.server")
@@ -159,6 +160,11 @@ async def _read_json(request: Request, limit: int) -> Any:
     return value
 
 
+def policy_of(request: Request) -> KeyPolicy | None:
+    """The policy of the key the request carries (None: the server runs without keys, or an open route)."""
+    return request.scope.get("state", {}).get(POLICY_STATE)
+
+
 def caller_of(request: Request) -> Caller | None:
     """Who sent the request, as the key middleware found it (None: no valid key on an open route), with the
     request's trace context when it is traced."""
@@ -185,7 +191,7 @@ class Endpoints:
         """A generating route: the whole body, or its stream framed by the route's framing; errors (and the error
         event that ends a stream under way) in the route's shape."""
         try:
-            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)))
+            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)), request)
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
                 return JSONBody(await self.processing.respond(req, caller))
@@ -200,7 +206,7 @@ class Endpoints:
     async def answer(self, request: Request, route: Route) -> Response:
         """A route answered whole (embeddings, rerank, token counts, /tokenize...)."""
         try:
-            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)))
+            req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)), request)
             return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors)
@@ -229,25 +235,28 @@ class Endpoints:
                 break
         return events, first
 
-    def _checked(self, req: Any) -> Any:
-        """The checks that need the server, not a model: message count, model name, stream options."""
+    def _checked(self, req: Any, request: Request) -> Any:
+        """The checks that need the server, not a model: message count, model name (one the key may use: any
+        other is unknown to it, as OpenAI answers), stream options."""
         messages = getattr(req, "messages", None) or []
         if len(messages) > self.settings.max_messages:
             raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
                                   f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
-        if req.model not in self.cards:
+        if req.model not in self.cards or not _allowed(policy_of(request), req.model):
             raise model_not_found(req.model)
         if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
         return req
 
     async def list_models(self, request: Request, route: Route) -> Response:
-        states = await self._pool_states()
-        return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()]})
+        """The models the caller's key may use, each with its state."""
+        states, policy = await self._pool_states(), policy_of(request)
+        return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()
+                                                    if _allowed(policy, c.id)]})
 
     async def get_model(self, request: Request, route: Route) -> Response:
         model_id = request.path_params["model_id"]
-        if model_id not in self.cards:
+        if model_id not in self.cards or not _allowed(policy_of(request), model_id):
             return error_response(model_not_found(model_id))
         return JSONBody(_with_state(self.cards[model_id], await self._pool_states()))
 
@@ -264,6 +273,10 @@ class Endpoints:
 
     async def openapi(self, request: Request, route: Route) -> Response:
         return JSONBody(self.spec)
+
+
+def _allowed(policy: KeyPolicy | None, model_id: str) -> bool:
+    return policy is None or policy.allows_model(model_id)
 
 
 def _with_state(card: ModelCard, pool_states: dict[str, str]) -> dict[str, Any]:
@@ -354,6 +367,7 @@ def build_http_app(processing: Processing, models: list[ModelCard], settings: Se
 OPEN_PATHS = frozenset({"/health"})
 """Routes answered without a key (probes and load balancers). Everything else needs one."""
 CALLER_STATE = "llamaray.caller"
+POLICY_STATE = "llamaray.key_policy"  # the key's policy (app/tenants/policies.py): its models, its limits
 
 
 def route_path(scope: Any) -> str:
@@ -375,13 +389,15 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
-            key = self.keys.match(headers.get(b"authorization", b"").decode("latin-1"),
-                                  headers.get(b"x-api-key", b"").decode("latin-1"))
+            found = self.keys.identify(headers.get(b"authorization", b"").decode("latin-1"),
+                                       headers.get(b"x-api-key", b"").decode("latin-1"))
             path = route_path(scope)
-            if key is None and path not in OPEN_PATHS:
+            if found is None and path not in OPEN_PATHS:
                 await error_response(unauthorized(), self.error_shape(path))(scope, receive, send)
                 return
-            scope.setdefault("state", {})[CALLER_STATE] = Caller.with_key(key) if key is not None else None
+            state = scope.setdefault("state", {})
+            state[CALLER_STATE] = Caller.with_key(found[0]) if found is not None else None
+            state[POLICY_STATE] = found[1] if found is not None else None
         await self.app(scope, receive, send)
 
 

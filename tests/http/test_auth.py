@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from app.http.auth import KeyChecker, MissingKeys, load_api_keys, require_keys
+from app.http.auth import KeyChecker, MissingKeys, load_key_registry, require_keys
 from app.http.server import ModelCard, ServerSettings, build_http_app, route_path
 
 KEY = "sk-test-" + "k" * 24
@@ -46,13 +46,13 @@ def test_route_path_strips_the_mount_prefix(scope, expected):
 
 def test_required_keys_missing_is_a_clear_startup_error(monkeypatch, tmp_path):
     monkeypatch.delenv("LLAMARAY_API_KEYS", raising=False)
-    keys = load_api_keys("LLAMARAY_API_KEYS", None)
+    keys = load_key_registry("LLAMARAY_API_KEYS", None)
     with pytest.raises(MissingKeys, match=r"auth.required is true.*\$LLAMARAY_API_KEYS"):
         require_keys(keys, True, "LLAMARAY_API_KEYS", None)
     require_keys(keys, False, "LLAMARAY_API_KEYS", None)  # optional auth: serves, with a warning
     key_file = tmp_path / "keys"
     key_file.write_text("# ops\nsk-one\n")
-    require_keys(load_api_keys(None, str(key_file)), True, None, str(key_file))
+    require_keys(load_key_registry(None, str(key_file)), True, None, str(key_file))
 
 
 class Recorder:
@@ -95,3 +95,26 @@ def test_health_details_only_for_a_caller_with_a_key(app):
 def test_health_details_for_anyone_without_keys():
     with TestClient(build_http_app(Backend(), [ModelCard("m")])) as client:
         assert client.get("/health").json()["models"] == {"m": True}
+
+
+def test_a_key_limited_to_models_sees_and_uses_only_those(tmp_path):
+    from app.tenants.policies import key_hash
+    from app.tenants.registry import KeyRegistry
+
+    limited, full = "sk-limited-" + "l" * 20, "sk-full-" + "f" * 20
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - name: narrow\n    key_sha256: {key_hash(limited)}\n    models: [m]\n"
+                    f"  - name: wide\n    key_sha256: {key_hash(full)}\n")
+    cards = [ModelCard("m"), ModelCard("m:adapter", parent="m"), ModelCard("other")]
+    app = build_http_app(Recorder(), cards, ServerSettings(keys=KeyChecker(registry=KeyRegistry([], str(keys)))))
+    narrow, wide = {"Authorization": f"Bearer {limited}"}, {"Authorization": f"Bearer {full}"}
+    with TestClient(app) as client:
+        assert [m["id"] for m in client.get("/v1/models", headers=narrow).json()["data"]] == ["m", "m:adapter"]
+        assert len(client.get("/v1/models", headers=wide).json()["data"]) == 3
+        refused = client.post("/tokenize", json={"model": "other", "prompt": "x"}, headers=narrow)
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+        assert client.get("/v1/models/other", headers=narrow).status_code == 404
+        assert client.post("/tokenize", json={"model": "m:adapter", "prompt": "x"}, headers=narrow).status_code == 200
+        assert client.post("/tokenize", json={"model": "other", "prompt": "x"}, headers=wide).status_code == 200
+        assert client.post("/tokenize", json={"model": "m", "prompt": "x"}, headers={
+            "Authorization": f"Bearer {key_hash(limited)}"}).status_code == 401  # the hash is not a key
