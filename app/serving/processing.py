@@ -68,12 +68,12 @@ class Processor:
         self.models = models
         if response_store is None:
             response_store = BoundedResponseStore.from_limits(limits)
-        chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
-        completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
+        chat = ChatService(specs, models.generate, limits=limits, observer=observer, per_key_cache=per_key_cache)
+        completions = CompletionService(specs, models.generate, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        responses = ResponsesService(specs, models.open_stream, limits=limits, observer=observer,
+        responses = ResponsesService(specs, models.generate, limits=limits, observer=observer,
                                      per_key_cache=per_key_cache, response_store=response_store)
-        messages = MessagesService(specs, models.open_stream, limits=limits, observer=observer,
+        messages = MessagesService(specs, models.generate, limits=limits, observer=observer,
                                    per_key_cache=per_key_cache)
         self.services: dict[type, Any] = {ChatCompletionRequest: chat, CompletionRequest: completions,
                                           ResponsesRequest: responses,
