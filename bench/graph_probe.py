@@ -1,7 +1,7 @@
 """python -m bench.graph_probe: the graph bench's eyes inside the Ray cluster, a driver of its own (run with
 the cluster's RAY_TMPDIR) that answers one JSON line on stdout for each command line on stdin:
 
-- `stats <deployment>`: the model replica's engine stats (`stats` handle method: tokens_decoded, steps...)
+- `stats <deployment>`: the model replica's engine stats (its `run` handle method with a StatsJob: tokens_decoded, steps...)
 - `replicas <deployment> <count>`: the pids of `count` replicas of a deployment (its `replica_info` handle
   method, called until that many different replicas answered)
 
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 async def answer_commands(app: str) -> None:
     from ray import serve
 
+    from app.engine.jobs import StatsJob
+
     handles: dict[str, Any] = {}
     loop = asyncio.get_running_loop()
 
@@ -42,12 +44,12 @@ async def answer_commands(app: str) -> None:
             handles[name] = serve.get_deployment_handle(name, app_name=app)
         return handles[name]
 
-    async def call(name: str, method: str, timeout_s: float = 30.0) -> Any:
+    async def call(name: str, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
         """A handle call, tried again while a new driver's handle does not know the deployment yet."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return await asyncio.wait_for(getattr(handle(name), method).remote(), timeout_s)
+                return await asyncio.wait_for(getattr(handle(name), method).remote(*args), timeout_s)
             except KeyError:
                 if time.monotonic() > deadline:
                     raise
@@ -67,7 +69,7 @@ async def answer_commands(app: str) -> None:
             return
         try:
             if words[0] == "stats":
-                answer = await call(words[1], "stats")
+                answer = await call(words[1], "run", StatsJob())
             elif words[0] == "replicas":
                 answer = {"pids": await asyncio.wait_for(replicas(words[1], int(words[2])), 60)}
             else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import ray
 
@@ -17,7 +17,8 @@ from app.engine import GenerationRequest
 from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import EmbeddingEngine, embed
 from app.engine.events import Event, Started
-from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
+from app.engine.jobs import CountPromptJob, DetokenizeJob, StatsJob, TokenizeJob
+from app.engine.params import EmbeddingJob, EmbeddingResult, Job, RerankJob, RerankResult
 from app.engine.selfcheck import EngineUnavailable, start_engine
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
@@ -29,6 +30,7 @@ from app.serving.models import LOADING, READY, ModelState
 from .metrics import EngineGauges
 
 logger = logging.getLogger("ray.serve")
+R = TypeVar("R")
 
 
 class EngineHost:
@@ -120,10 +122,17 @@ class EngineHost:
             if tracing.current().enabled:
                 tracing.record_generation(timeline, request, self.spec.id, failure)
 
-    async def embed(self, job: EmbeddingJob | RerankJob, *, bounded: bool = False) -> EmbeddingResult | RerankResult:
+    async def run(self, job: Job[R], *, bounded: bool = False) -> R:
+        """What `job` asks of this model, answered by its type's handler (JOB_HANDLERS).
+        `bounded`: as `generate`, for the jobs that queue for the engine's slots (embeddings, scores)."""
+        handler = JOB_HANDLERS.get(type(job))
+        if handler is None:
+            raise TypeError(f"a model's host has no handler for {type(job).__name__}")
+        return await handler(self, job, bounded)
+
+    async def _pooled(self, job: EmbeddingJob | RerankJob, bounded: bool) -> EmbeddingResult | RerankResult:
         """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
-        (batched with other requests' by its engine).
-        `bounded`: refuse it (503) when WAITING_PER_SLOT requests per slot are already in, as `generate`."""
+        (batched with other requests' by its engine)."""
         engine = self._ready_engine()
         kind = _kind(engine)
         if kind != ("rerank" if isinstance(job, RerankJob) else "embedding"):
@@ -136,17 +145,20 @@ class EngineHost:
         finally:
             self._unstarted -= 1
 
-    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return await asyncio.to_thread(self._ready_engine().tokenize, text, add_special)
+    async def _tokenize(self, job: TokenizeJob, bounded: bool) -> list[int]:
+        return await asyncio.to_thread(self._ready_engine().tokenize, job.text, job.add_special)
 
-    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+    async def _count_prompt(self, job: CountPromptJob, bounded: bool) -> int:
         engine = self._ready_engine()
         if isinstance(engine, EmbeddingEngine):
             raise wrong_kind(self.spec.id, _kind(engine), "chat prompts")
-        return await asyncio.to_thread(engine.count_prompt, prompt, images)
+        return await asyncio.to_thread(engine.count_prompt, job.prompt, job.images)
 
-    async def detokenize(self, tokens: list[int]) -> str:
-        return await asyncio.to_thread(self._ready_engine().detokenize, tokens)
+    async def _detokenize(self, job: DetokenizeJob, bounded: bool) -> str:
+        return await asyncio.to_thread(self._ready_engine().detokenize, job.tokens)
+
+    async def _stats(self, job: StatsJob, bounded: bool) -> dict[str, Any]:
+        return self.stats()
 
     def stats(self) -> dict[str, Any]:
         if self.engine is None:
@@ -183,6 +195,18 @@ class EngineHost:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+# Each job type's handler: a new job is a type (app/engine/jobs.py) and one line here; the classes that
+# forward `run` (LocalModels, RemoteModels, LlamaModel, the pool) never change for it.
+JOB_HANDLERS: dict[type, Callable[[EngineHost, Any, bool], Awaitable[Any]]] = {
+    EmbeddingJob: EngineHost._pooled,
+    RerankJob: EngineHost._pooled,
+    TokenizeJob: EngineHost._tokenize,
+    DetokenizeJob: EngineHost._detokenize,
+    CountPromptJob: EngineHost._count_prompt,
+    StatsJob: EngineHost._stats,
+}
 
 
 def load_adapters(engine: Any, spec: ModelSpec) -> dict[str, str]:

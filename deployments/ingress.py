@@ -19,6 +19,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
+from app.engine.jobs import StatsJob
 from app.http.auth import KeyChecker, load_key_registry, require_keys
 from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
 from app.http.routes import TABLE
@@ -134,7 +135,7 @@ class SingleIngress(_Front):
 
     async def model_stats(self, model_id: str) -> dict[str, Any]:
         """A model's engine stats (running, waiting, slots, steps...): tests and operators."""
-        return await self.models.stats(model_id)
+        return await self.models.run(model_id, StatsJob())
 
     def replica_info(self) -> dict[str, Any]:
         return {**replica_info(), "models": {mid: host.info() for mid, host in self.models.hosts.items()}}

@@ -10,7 +10,7 @@ from ray import serve
 
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
-from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
+from app.engine.params import Job
 from app.observe import tracing
 from app.serving.models import ModelState
 
@@ -46,20 +46,9 @@ class LlamaModel:
         async for batch in self.host.generate(request):
             yield batch
 
-    async def embed(self, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
-        return await self.host.embed(job)
-
-    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return await self.host.tokenize(text, add_special)
-
-    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
-        return await self.host.count_prompt(prompt, images)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        return await self.host.detokenize(tokens)
-
-    async def stats(self) -> dict[str, Any]:
-        return self.host.stats()
+    async def run(self, job: Job[Any]) -> Any:
+        """Any other job (app/engine/jobs.py), answered by EngineHost by its type."""
+        return await self.host.run(job)
 
     def replica_info(self) -> dict[str, Any]:
         return {**replica_info(), **self.host.info(), "health_checks": self._health_checks}

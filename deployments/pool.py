@@ -21,7 +21,7 @@ from ray import serve
 from app.api.errors import model_not_found
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
-from app.engine.params import EmbeddingJob, EmbeddingResult, ImageInput, RerankJob, RerankResult
+from app.engine.params import Job
 from app.observe import tracing
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
@@ -131,20 +131,9 @@ class LlamaPool:
         async for batch in host.generate(request):
             yield batch
 
-    async def embed(self, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
-        return await (await self._host()).embed(job)
-
-    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return await (await self._host()).tokenize(text, add_special)
-
-    async def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
-        return await (await self._host()).count_prompt(prompt, images)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        return await (await self._host()).detokenize(tokens)
-
-    async def stats(self) -> dict[str, Any]:
-        return (await self._host()).stats()
+    async def run(self, job: Job[Any]) -> Any:
+        """Any other job (app/engine/jobs.py) for the model the request names, loading it first when cold."""
+        return await (await self._host()).run(job)
 
     def pool_states(self) -> dict[str, str]:
         """This replica's models: loaded, loading or available (tests and operators)."""

@@ -29,8 +29,8 @@ logger = logging.getLogger("ray.serve")
 
 def prompt_of(pending_request: PendingRequest | None) -> tuple[str, str] | None:
     """The rendered prompt of a `generate(GenerationRequest)` call and its scope (its cache scope and LoRA
-    adapters: prefixes are matched within a scope only); None for every other method (tokenize, stats, replica_info), which
-    go by load."""
+    adapters: prefixes are matched within a scope only); None for every other method (`run` with its job,
+    replica_info), which go by load."""
     if pending_request is None:
         return None
     for arg in (*pending_request.args, *pending_request.kwargs.values()):

@@ -20,7 +20,7 @@ from ..generation.lifecycle import pooled_request
 
 
 class ModelEmbeddings(Protocol):
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult: ...
+    async def run(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult: ...
 
 
 def encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
@@ -66,5 +66,5 @@ class EmbeddingService:
     async def complete(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         job = self.job(req)  # the client's errors, before anything is recorded (as for generations)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
-                                      lambda: self.engines.embed(req.model, job))
+                                      lambda: self.engines.run(req.model, job))
         return embedding_body(req.model, result, req.encoding_format)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -99,9 +101,16 @@ class GenerationRequest:
 
 
 
+class Job(Generic[R]):
+    """What a model's replica is asked besides a generation, answered once with an R: a small value that says
+    what is asked (Models.run; EngineHost finds its handler by the job's type). The pooled jobs are here, the
+    others in jobs.py."""
+
+    __slots__ = ()
+
 
 @dataclass(frozen=True)
-class EmbeddingJob:
+class EmbeddingJob(Job["EmbeddingResult"]):
     """One /v1/embeddings request as its model's replica takes it (crosses the Ray hop as it is)."""
 
     request_id: str
@@ -123,7 +132,7 @@ class EmbeddingResult:
 
 
 @dataclass(frozen=True)
-class RerankJob:
+class RerankJob(Job["RerankResult"]):
     """One /v1/rerank request as its reranker's replica takes it: the query paired with each document, each
     pair one sequence of the embedding engine (rank pooling: one relevance score per sequence)."""
 

@@ -1,12 +1,13 @@
-"""One pooled model as an engine host: the calls a model's host answers (generate, embed, tokenize...),
-each holding the model in its pool for as long as it runs (loading it first when it is cold). The pool's
-deployment and the single-shape Ingress serve a pooled model through it as they serve any other."""
+"""One pooled model as an engine host: the two calls a model's host answers (`generate`, `run`), each holding
+the model in its pool for as long as it runs (loading it first when it is cold). The pool's deployment and the
+single-shape Ingress serve a pooled model through it as they serve any other."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..engine.jobs import StatsJob
 from .manager import PoolManager
 
 
@@ -20,21 +21,11 @@ class PooledHost:
             async for batch in host.generate(request, bounded=bounded):
                 yield batch
 
-    async def embed(self, job: Any, *, bounded: bool = False) -> Any:
+    async def run(self, job: Any, *, bounded: bool = False) -> Any:
+        if isinstance(job, StatsJob):  # what the pool holds of it: asking must not load a cold model
+            return self.stats()
         async with self.pool.use(self.model_id) as host:
-            return await host.embed(job, bounded=bounded)
-
-    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        async with self.pool.use(self.model_id) as host:
-            return await host.tokenize(text, add_special)
-
-    async def count_prompt(self, prompt: str, images: list[Any]) -> int:
-        async with self.pool.use(self.model_id) as host:
-            return await host.count_prompt(prompt, images)
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        async with self.pool.use(self.model_id) as host:
-            return await host.detokenize(tokens)
+            return await host.run(job, bounded=bounded)
 
     def stats(self) -> dict[str, Any]:
         host = self.pool.loaded().get(self.model_id)

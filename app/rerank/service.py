@@ -17,7 +17,7 @@ from ..generation.lifecycle import pooled_request
 
 
 class ModelReranker(Protocol):
-    async def embed(self, model_id: str, job: RerankJob) -> RerankResult: ...
+    async def run(self, model_id: str, job: RerankJob) -> RerankResult: ...
 
 
 def rerank_body(request_id: str, model: str, texts: tuple[str, ...], result: RerankResult, top_n: int | None,
@@ -55,5 +55,5 @@ class RerankService:
     async def complete(self, req: RerankRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         job = self.job(req)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
-                                      lambda: self.engines.embed(req.model, job))
+                                      lambda: self.engines.run(req.model, job))
         return rerank_body(job.request_id, req.model, job.documents, result, req.top_n, req.return_documents)

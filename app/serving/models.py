@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
+from ..engine.params import GenerationRequest, Job
 
 State = Literal["ready", "loading", "downloading", "failed", "unavailable"]
 # States that /health and requests report as a failure, with their reason.
@@ -38,25 +38,21 @@ class ModelState:
 READY = ModelState("ready")
 LOADING = ModelState("loading")
 
+R = TypeVar("R")
+
 
 class Models(Protocol):
-    """Every configured model, by id."""
+    """Every configured model, by id, behind two verbs (as vLLM's EngineClient has generate/encode): a
+    generation streams its events; anything else is a job (app/engine/params.py Job: embeddings, scores,
+    tokens, counts, stats) answered once. A new kind of job needs no change here nor in the classes that
+    forward these two calls (TracedModels, LocalModels, RemoteModels, the model and pool deployments): only a
+    job type and its handler in EngineHost."""
 
-    def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+    def generate(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         """The generation's event batches; a failure is raised as an APIError (Ray's own failures mapped)."""
 
-    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
-        """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
-        (the same pooling engine); an APIError for bad input."""
-
-    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
-
-    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
-        """A rendered chat prompt's tokens with its images' (what its generation's usage would say)."""
-
-    async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
-
-    async def stats(self, model_id: str) -> dict[str, Any]:
-        """The engine's counters (running, waiting, slots, steps...) of one replica of the model."""
+    async def run(self, model_id: str, job: Job[R]) -> R:
+        """The job's result from one replica of the model; a failure is raised as an APIError (a job the model
+        does not serve, e.g. an embedding for a chat model, is a 400)."""
 
     def close(self) -> None: ...

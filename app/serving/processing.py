@@ -74,12 +74,12 @@ class Processor:
         if response_store is None:
             response_store = BoundedResponseStore.from_limits(limits)
         self.response_store = response_store
-        chat = ChatService(specs, models.open_stream, limits=limits, observer=observer, per_key_cache=per_key_cache)
-        completions = CompletionService(specs, models.open_stream, limits=limits, observer=observer,
+        chat = ChatService(specs, models.generate, limits=limits, observer=observer, per_key_cache=per_key_cache)
+        completions = CompletionService(specs, models.generate, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
-        responses = ResponsesService(specs, models.open_stream, limits=limits, observer=observer,
+        responses = ResponsesService(specs, models.generate, limits=limits, observer=observer,
                                      per_key_cache=per_key_cache, response_store=response_store)
-        messages = MessagesService(specs, models.open_stream, limits=limits, observer=observer,
+        messages = MessagesService(specs, models.generate, limits=limits, observer=observer,
                                    per_key_cache=per_key_cache)
         tokens = TokenService(specs, models, limits=limits)
         stored = StoredResponses(response_store)

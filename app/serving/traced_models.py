@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 from ..engine.events import Event
-from ..engine.params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
+from ..engine.params import GenerationRequest, Job
 from ..observe import tracing
-from .models import Models
+from .models import Models, R
 from .traced import hop_span
 
 
@@ -22,31 +21,18 @@ class TracedModels:
         self.inner = inner
         self.deployments = deployments
 
-    def open_stream(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+    def generate(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         if self.deployments is None:
-            return self.inner.open_stream(model_id, replace(request, traceparent=tracing.traceparent_of()))
+            return self.inner.generate(model_id, replace(request, traceparent=tracing.traceparent_of()))
         span = hop_span(self.deployments[model_id], "generate", "processor")
-        return tracing.stream_in(span, self.inner.open_stream(
+        return tracing.stream_in(span, self.inner.generate(
             model_id, replace(request, traceparent=tracing.traceparent_of(span))))
 
-    async def embed(self, model_id: str, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
-        return await self.inner.embed(model_id, job)
-
-    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
-        return await self.inner.tokenize(model_id, text, add_special)
-
-    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int:
-        return await self.inner.count_prompt(model_id, prompt, images)
-
-    async def detokenize(self, model_id: str, tokens: list[int]) -> str:
-        return await self.inner.detokenize(model_id, tokens)
-
-    async def stats(self, model_id: str) -> dict[str, Any]:
-        return await self.inner.stats(model_id)
+    async def run(self, model_id: str, job: Job[R]) -> R:
+        return await self.inner.run(model_id, job)
 
     def close(self) -> None:
         self.inner.close()
-
 
 
 def traced_models(inner: Models, deployments: dict[str, str] | None = None) -> Models:

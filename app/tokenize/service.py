@@ -7,36 +7,36 @@ chat request reports. The ids come from the model's replica: it owns the tokeniz
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..api.errors import KIND_SERVES, invalid_request, model_not_found
 from ..generation.adapters import split_model
 from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..config.settings import Limits, ModelSpec
-from ..engine.params import ImageInput
+from ..engine.jobs import CountPromptJob, DetokenizeJob, TokenizeJob
+from ..engine.params import ImageInput, Job
 from ..generation.lifecycle import off_loop
 from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
 from ..prompt import content_marks
 from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
 
+R = TypeVar("R")
+
 
 class ModelTokens(Protocol):
     """The models' tokenizers (the LlamaModel replicas through handles in production)."""
 
-    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]: ...
-
-    async def count_prompt(self, model_id: str, prompt: str, images: list[ImageInput]) -> int: ...
-
-    async def detokenize(self, model_id: str, tokens: list[int]) -> str: ...
+    async def run(self, model_id: str, job: Job[R]) -> R:
+        """A TokenizeJob's ids, a DetokenizeJob's text, a CountPromptJob's count (app/engine/jobs.py)."""
 
 
 async def prompt_count(tokens: ModelTokens, model_id: str, prompt: str, images: list[ImageInput]) -> int:
     """A rendered chat prompt's count as its generation's usage gives it: with images, the model's replica
     counts their positions (its projector's preprocessing); without, its tokenizer alone."""
     if images:
-        return await tokens.count_prompt(model_id, prompt, images)
-    return len(await tokens.tokenize(model_id, prompt, True))
+        return await tokens.run(model_id, CountPromptJob(prompt, images))
+    return len(await tokens.run(model_id, TokenizeJob(prompt, True)))
 
 
 def tokenize_text(req: TokenizeRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> str:
@@ -76,9 +76,9 @@ class TokenService:
             text = tokenize_text(req, spec, self.formats.get(spec.id), self.limits)
         else:
             text = await off_loop(self.limits, tokenize_text, req, spec, self.formats[spec.id], self.limits)
-        ids = await self.tokens.tokenize(spec.id, text, req.add_special)
+        ids = await self.tokens.run(spec.id, TokenizeJob(text, req.add_special))
         return {"tokens": ids, "count": len(ids), "max_model_len": spec.n_ctx}
 
     async def detokenize(self, req: DetokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         spec = self._spec(req.model)
-        return {"prompt": await self.tokens.detokenize(spec.id, req.tokens)}
+        return {"prompt": await self.tokens.run(spec.id, DetokenizeJob(req.tokens))}

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from app.api.errors import overloaded, payload_too_large
 from app.config.settings import Limits
 from app.engine.stream import generate_stream
+from app.engine.jobs import TokenizeJob
 from app.http.auth import KeyChecker
 from app.http.server import ServerSettings, build_http_app, model_cards
 from app.serving.processing import Processor
@@ -30,14 +31,13 @@ class EngineModels:
     def __init__(self, engine) -> None:
         self.engine = engine
 
-    def open_stream(self, model_id, gen):
+    def generate(self, model_id, gen):
         return generate_stream(self.engine, gen, 0)
 
-    async def tokenize(self, model_id, text, add_special):
-        return self.engine.tokenize(text, add_special)
-
-    async def detokenize(self, model_id, tokens):
-        return self.engine.detokenize(tokens)
+    async def run(self, model_id, job):
+        if isinstance(job, TokenizeJob):
+            return self.engine.tokenize(job.text, job.add_special)
+        return self.engine.detokenize(job.tokens)
 
 
 class Records:

@@ -21,6 +21,7 @@ from app.generation.plan import plan_request
 from app.completions import CompletionService
 from app.config.settings import Limits
 from app.engine.events import Finished, PromptLogprobs, Started, Text, TokenLogprob
+from app.engine.jobs import DetokenizeJob, TokenizeJob
 from app.engine.params import GenerationRequest
 from app.observe.request_records import RequestRecord
 from app.tokenize.service import TokenService
@@ -318,12 +319,11 @@ class FakeTokens:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, bool]] = []
 
-    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
-        self.calls.append((model_id, text, add_special))
-        return list(range(len(text)))
-
-    async def detokenize(self, model_id: str, tokens: list[int]) -> str:
-        return "".join(chr(97 + t % 26) for t in tokens)
+    async def run(self, model_id: str, job: TokenizeJob | DetokenizeJob) -> list[int] | str:
+        if isinstance(job, DetokenizeJob):
+            return "".join(chr(97 + t % 26) for t in job.tokens)
+        self.calls.append((model_id, job.text, job.add_special))
+        return list(range(len(job.text)))
 
 
 def test_tokenize_messages_renders_what_the_chat_route_renders(spec):

@@ -100,10 +100,10 @@ def test_embedding_requests_count_against_the_same_bound():
 
     async def go():
         bound = WAITING_PER_SLOT * host.spec.n_seq_max
-        tasks = [asyncio.ensure_future(host.embed(EmbeddingJob(f"r{i}", ("hi",)), bounded=True)) for i in range(bound)]
+        tasks = [asyncio.ensure_future(host.run(EmbeddingJob(f"r{i}", ("hi",)), bounded=True)) for i in range(bound)]
         await asyncio.sleep(0.05)
         with pytest.raises(APIError) as err:
-            await host.embed(EmbeddingJob("one-too-many", ("hi",)), bounded=True)
+            await host.run(EmbeddingJob("one-too-many", ("hi",)), bounded=True)
         assert err.value.status == 503
         engine.release.set()
         for t in tasks:

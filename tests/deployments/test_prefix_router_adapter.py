@@ -14,6 +14,7 @@ pytest.importorskip("ray")
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata  # noqa: E402
 from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 
+from app.engine.jobs import CountPromptJob  # noqa: E402
 from app.engine.params import GenerationRequest  # noqa: E402
 from deployments.prefix_router import PrefixAffinityRouter, prompt_of  # noqa: E402
 
@@ -62,6 +63,7 @@ def test_prompt_is_read_from_the_generation_request_only():
         assert prompt_of(gen("hello")) == ("hello", "")
         assert prompt_of(gen("hello", "key-1")) == ("hello", "key-1")
         assert prompt_of(pending("just text to tokenize")) is None
+        assert prompt_of(pending(CountPromptJob("a prompt to count", []))) is None  # a `run` goes by load
         assert prompt_of(None) is None
 
     asyncio.run(run())

@@ -32,7 +32,7 @@ class FakeModels:
     def __init__(self) -> None:
         self.jobs: list[EmbeddingJob] = []
 
-    async def embed(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
+    async def run(self, model_id: str, job: EmbeddingJob) -> EmbeddingResult:
         self.jobs.append(job)
         dims = job.dimensions or 4
         vectors = tuple(np.arange(dims, dtype=np.float32) / 7 + i for i in range(len(job.inputs)))
@@ -162,7 +162,7 @@ def test_each_answered_or_failed_request_is_recorded_once(models):
 
     async def broken(model_id, job):
         raise APIError("engine down", status=503, code="engine_unavailable")
-    models.embed = broken
+    models.run = broken
     with pytest.raises(APIError):
         run(service, input="a")
     assert (records.records[-1].status, records.records[-1].error_code) == ("error", "engine_unavailable")

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from app.config.settings import deployment_name
+from app.engine.jobs import StatsJob
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, free_port, load_config, sse_json
 
@@ -54,7 +55,7 @@ def chat(**kw):
 
 
 def stats(rcluster):
-    return rcluster.handle(MODEL_DEPLOYMENT).stats.remote().result()
+    return rcluster.handle(MODEL_DEPLOYMENT).run.remote(StatsJob()).result()
 
 
 def wait_idle(rcluster, timeout=15):

@@ -29,7 +29,7 @@ def no_models():
     """The routes under test generate nothing: a Models whose every call fails the test."""
     def fail(*_a, **_k):
         raise AssertionError("no model call expected")
-    return SimpleNamespace(open_stream=fail, tokenize=fail, detokenize=fail, stats=fail, close=fail)
+    return SimpleNamespace(generate=fail, run=fail, close=fail)
 
 
 def client_over(store) -> TestClient:

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from app.observe import tracing
 from app.config.settings import ConfigError, Limits, TracingConfig, parse_args
+from app.engine.jobs import DetokenizeJob, StatsJob, TokenizeJob
 from app.engine.events import Finished, Started, Text
 from app.engine.params import GenerationRequest, SamplingParams
 from app.engine.stream import generate_stream
@@ -212,21 +213,15 @@ class FakeModels:
     def __init__(self) -> None:
         self.requests: list[GenerationRequest] = []
 
-    async def open_stream(self, model_id: str, request: GenerationRequest):
+    async def generate(self, model_id: str, request: GenerationRequest):
         self.requests.append(request)
         yield [Started(prompt_tokens=5, cached_tokens=2)]
         await asyncio.sleep(0)
         yield [Text("Hello", 1)]
         yield [Text(" there", 1), Finished("stop", prompt_tokens=5, completion_tokens=2, cached_tokens=2)]
 
-    async def tokenize(self, model_id, text, add_special):
-        return [1, 2]
-
-    async def detokenize(self, model_id, tokens):
-        return "x"
-
-    async def stats(self, model_id):
-        return {}
+    async def run(self, model_id, job):
+        return {TokenizeJob: [1, 2], DetokenizeJob: "x", StatsJob: {}}[type(job)]
 
     def close(self) -> None:
         pass

@@ -10,6 +10,7 @@ import pytest
 
 from app.api.errors import APIError
 from app.engine import GenerationRequest
+from app.engine.jobs import TokenizeJob
 from app.engine.stream import generate_stream
 from app.openai_responses.schemas import (
     parse_input_tokens_request,
@@ -36,13 +37,13 @@ class Models:
         self.engine = engine
         self.opened: list[GenerationRequest] = []
 
-    async def open_stream(self, model_id: str, gen: GenerationRequest):
+    async def generate(self, model_id: str, gen: GenerationRequest):
         self.opened.append(gen)
         async for batch in generate_stream(self.engine, gen, 0):
             yield batch
 
-    async def tokenize(self, model_id: str, text: str, add_special: bool) -> list[int]:
-        return self.engine.tokenize(text, add_special)
+    async def run(self, model_id: str, job: TokenizeJob) -> list[int]:
+        return self.engine.tokenize(job.text, job.add_special)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def store() -> MemoryResponseStore:
 
 @pytest.fixture
 def service(bundled_spec, models, store) -> ResponsesService:
-    return ResponsesService([bundled_spec], models.open_stream, response_store=store)
+    return ResponsesService([bundled_spec], models.generate, response_store=store)
 
 
 def request(spec, **fields) -> Any:
@@ -212,7 +213,7 @@ class Records:
 
 def test_requests_are_recorded_under_the_responses_protocol(bundled_spec, models, engine):
     observer = Records()
-    service = ResponsesService([bundled_spec], models.open_stream, observer=observer)
+    service = ResponsesService([bundled_spec], models.generate, observer=observer)
     run(engine, service.complete(request(bundled_spec, max_output_tokens=2), ALICE))
     run(engine, collect(service.stream(request(bundled_spec, max_output_tokens=2, stream=True), ALICE)))
     assert [(r.protocol, r.stream, r.status, r.completion_tokens) for r in observer.records] == [

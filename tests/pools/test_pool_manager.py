@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from app.api.errors import APIError
+from app.engine.jobs import StatsJob, TokenizeJob
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
 from app.pools.plan import MIB, PoolPlan
@@ -22,6 +23,12 @@ class FakeEngine:
     async def generate(self, request, *, bounded=False):
         for piece in (f"{self.model_id}:", request):
             yield [piece]
+
+    async def run(self, job, *, bounded=False):
+        return (self.model_id, job, bounded)
+
+    def stats(self) -> dict:
+        return {"model": self.model_id, "running": 0}
 
     def close(self) -> None:
         self.closed = True
@@ -251,4 +258,19 @@ def test_an_unknown_model_is_a_404():
         with pytest.raises(APIError) as missing:
             await answer(manager, "nope")
         assert missing.value.status == 404 and missing.value.code == "model_not_found"
+    asyncio.run(run())
+
+
+def test_a_job_loads_its_model_and_a_stats_job_never_does():
+    """PooledHost.run: any job holds its model (loaded first when cold), as a generation does; asking a
+    cold model's stats answers its pool state and leaves it unloaded."""
+    async def run():
+        manager, loader, _ = make()
+        host = PooledHost(manager, "a")
+        assert await host.run(StatsJob()) == {"model": "a", "pool": "tail", "pool_state": "available"}
+        assert loader.loads == []
+        job = TokenizeJob("hi")
+        assert await host.run(job, bounded=True) == ("a", job, True)
+        assert loader.loads == ["a"]
+        assert await host.run(StatsJob()) == {"model": "a", "running": 0, "pool": "tail", "pool_state": "loaded"}
     asyncio.run(run())

@@ -193,11 +193,8 @@ def test_hermes_reads_type_names_and_property_names_through_the_marks(bundled_sp
 
 def test_tokenize_route_applies_the_same_check(bundled_spec):
     class Tokens:
-        async def tokenize(self, model_id, text, add_special):
-            return fake_tokenize(text, CHATML)
-
-        async def detokenize(self, model_id, tokens):
-            return ""
+        async def run(self, model_id, job):
+            return fake_tokenize(job.text, CHATML)
 
     # A template that drops the first and last character of content (our marks): the check sees it.
     spec = replace(bundled_spec, control_tokens=CHATML, chat_template=(

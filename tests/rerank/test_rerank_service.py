@@ -30,7 +30,7 @@ class FakeModels:
     def __init__(self) -> None:
         self.jobs: list[RerankJob] = []
 
-    async def embed(self, model_id: str, job: RerankJob) -> RerankResult:
+    async def run(self, model_id: str, job: RerankJob) -> RerankResult:
         self.jobs.append(job)
         return RerankResult(tuple(float(d.split()[0]) for d in job.documents), prompt_tokens=7 * len(job.documents))
 

@@ -179,10 +179,11 @@ class ServeCluster:
     def model_stats(self, model: str) -> dict[str, Any]:
         """`model`'s engine stats: from the Ingress that runs it (topology single), or its LlamaModel replica."""
         from app.config.settings import deployment_name
+        from app.engine.jobs import StatsJob
 
         if self.topology == "single":
             return self.handle("Ingress").model_stats.remote(model).result()
-        return self.handle(deployment_name(model)).stats.remote().result()
+        return self.handle(deployment_name(model)).run.remote(StatsJob()).result()
 
     def deployments(self) -> list[str]:
         """The app's deployments, as the topology has them."""
