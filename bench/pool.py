@@ -269,6 +269,8 @@ def arm_record(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
             "tokens_per_s": summary["tokens_per_s"], "ttft_p50_ms": summary["ttft_ms"]["p50"],
             "ttft_p95_ms": summary["ttft_ms"]["p95"], "cold_loads_per_min": counts["loads"] / minutes,
             "evictions_per_min": counts["evictions"] / minutes, "load_failures": counts["load_failures"],
+            "server_cores": (sum(s["cpu"].get("server_cores", 0.0) * s["wall_s"] for s in segments) / wall
+                             if wall > 0 else None),
             "other_cores": max((s["cpu"].get("other_cores", 0.0) for s in segments), default=0.0),
             "per_model": dict(sorted(per_model.items(), key=lambda kv: int(kv[0][1:]))),
             "errors": summary["errors"]}
@@ -280,13 +282,13 @@ def _f(v: float | None, spec: str) -> str:
 
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
     lines = ["| arm | requests | failed | 503 then retried | tok/s | TTFT p50 ms | TTFT p95 ms | cold loads/min | "
-             "evictions/min | other load (cores, max) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "evictions/min | server cores | other load (cores, max) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['n_requests']} | {r['n_failed']} | {r['busy_503']} | "
                      f"{_f(r['tokens_per_s'], '.1f')} | {_f(r['ttft_p50_ms'], '.0f')} | {_f(r['ttft_p95_ms'], '.0f')} | "
                      f"{_f(r['cold_loads_per_min'], '.1f')} | {_f(r['evictions_per_min'], '.1f')} | "
-                     f"{_f(r['other_cores'], '.2f')} |")
+                     f"{_f(r['server_cores'], '.2f')} | {_f(r['other_cores'], '.2f')} |")
     by = {r["arm"]: r for r in rows}
     if "pool" in by and "dedicated" in by and by["dedicated"]["tokens_per_s"]:
         p, d = by["pool"], by["dedicated"]

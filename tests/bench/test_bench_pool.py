@@ -78,14 +78,15 @@ def result(index: int, ttft_s: float, tokens: int, outcome: str = "ok") -> Reque
 
 
 def test_an_arms_row_pools_its_segments_and_the_table_gives_the_ratio():
-    seg = {"wall_s": 30.0, "busy_503": 1, "per_model": {"m1": 2, "m2": 1}, "cpu": {"other_cores": 0.3},
+    seg = {"wall_s": 30.0, "busy_503": 1, "per_model": {"m1": 2, "m2": 1}, "cpu": {"other_cores": 0.3, "server_cores": 1.0},
            "pool": {"loads": 3.0, "evictions": 2.0, "load_failures": 0.0}}
     pool = arm_record("pool", [{**seg, "results": [result(0, 0.1, 60), result(1, 0.3, 60)]},
-                               {**seg, "results": [result(2, 0.2, 60)], "cpu": {"other_cores": 0.6}}])
+                               {**seg, "results": [result(2, 0.2, 60)], "cpu": {"other_cores": 0.6, "server_cores": 0.5}}])
     assert pool["n_requests"] == 3 and pool["busy_503"] == 2
     assert pool["tokens_per_s"] == pytest.approx(180 / 60)
     assert pool["ttft_p50_ms"] == pytest.approx(200)
     assert pool["cold_loads_per_min"] == pytest.approx(6.0) and pool["evictions_per_min"] == pytest.approx(4.0)
+    assert pool["server_cores"] == pytest.approx(0.75)
     assert pool["other_cores"] == 0.6 and pool["per_model"] == {"m1": 4, "m2": 2}
     dedicated = arm_record("dedicated", [{**seg, "pool": {}, "results": [result(0, 0.1, 120), result(1, 0.1, 120)]}])
     assert dedicated["cold_loads_per_min"] == 0
