@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-gpus", type=int, default=2)
     p.add_argument("--num-cpus", type=float, default=None)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="export Ray's metrics (the app's llamaray_* among them) in Prometheus' format on this port")
     ns = p.parse_args(argv)
     config = yaml.safe_load(ns.config.read_text())
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -35,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     from ray.serve.config import ProxyLocation
     from ray.serve.schema import ServeDeploySchema
 
-    context = ray.init(num_cpus=ns.num_cpus, num_gpus=ns.num_gpus, include_dashboard=False, namespace="serve")
+    metrics = ({"_metrics_export_port": ns.metrics_port, "_system_config": {"metrics_report_interval_ms": 500}}
+               if ns.metrics_port else {})
+    context = ray.init(num_cpus=ns.num_cpus, num_gpus=ns.num_gpus, include_dashboard=False, namespace="serve",
+                       **metrics)
     # Where another driver finds this cluster (`address="auto"` could pick another one on the machine).
     print(f"GCS {context.address_info['gcs_address']}", flush=True)
     try:

@@ -403,9 +403,12 @@ class PoolConfig(BaseModel):
                                                                 "evicted")
     idle_unload_s: float = Field(0, ge=0, description="unload a model no request used for this long (0: only "
                                                       "evicted to make room)")
-    catalogue: str | None = Field(None, description="a directory: every *.gguf in it is a model of this pool, its id "
-                                                    "the file's name without .gguf (an entry of `models` with that "
-                                                    "id wins); a projector beside it (mmproj-<id>.gguf) is used")
+    catalogue: str | None = Field(None, description="a directory, laid out as llama-server's --models-dir: every "
+                                                    "<id>.gguf in it is a model of this pool (a split model's parts "
+                                                    "count once), a projector beside it (mmproj-<id>.gguf) its "
+                                                    "mmproj_path; a subdirectory with one model's GGUF is a model "
+                                                    "named after it, an mmproj*.gguf in it its projector. An entry "
+                                                    "of `models` with that id and `pool` configures it instead")
     model_defaults: dict[str, Any] = Field(default_factory=dict, description="model-entry keys for the catalogue's "
                                            "models (n_ctx, n_seq_max, n_threads...)")
 

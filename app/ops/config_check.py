@@ -23,6 +23,7 @@ from ..config.settings import (
     parse_args,
     resolve_model,
 )
+from ..config.pools import catalogue_entries
 from ..model_sources.redact import redacted
 from .adapter_check import check_adapters, deferred_adapters
 from .capacity import Ask, Capacity, capacity_problems, fewest_replicas, model_memory
@@ -38,6 +39,7 @@ from .placement import (
 from .pools import (
     pool_deployment_defaults,
     pool_deployment_name,
+    pool_node_problems,
     pool_plan,
     pool_problems,
     single_hosting_defaults,
@@ -60,7 +62,8 @@ def check_config(config: dict[str, Any], cluster: dict[str, Any] | None = None,
     for app in config.get("applications") or []:
         name = app.get("name", "?")
         app_notes: list[str] = []
-        problems += [f"{name}: {line}" for line in check_application(app, cluster, app_notes, asks, weights)]
+        problems += [f"{name}: {line}" for line in check_application(app, cluster, app_notes, asks, weights,
+                                                                     capacity)]
         if notes is not None:
             notes += [f"{name}: {line}" for line in app_notes]
         if host not in LOOPBACK and not _requires_keys(app):
@@ -100,9 +103,11 @@ def _requires_keys(app: dict[str, Any]) -> bool:
 
 def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None,
                       notes: list[str] | None = None, asks: list[Ask] | None = None,
-                      weights: dict[str, int] | None = None) -> list[str]:
+                      weights: dict[str, int] | None = None, capacity: Capacity | None = None) -> list[str]:
     """The application's problems; `asks` and `weights` (when given) get what its deployments ask of a
-    cluster at their fewest replicas, and the size of each model file it runs on the host."""
+    cluster at their fewest replicas, and the size of each model file it runs on the host. A pool's replica
+    is checked against the memory of the nodes it can be placed on: the cluster file's node types, else the
+    `capacity` (this machine) as one node."""
     try:
         args = parse_args(app.get("args"))
     except ConfigError as exc:
@@ -120,8 +125,13 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
         specs[model.id] = spec
         if notes is not None:
             notes.append(source_note(model, spec))
+    plans = {pool_deployment_name(pool.name): pool_plan(pool, list(specs.values())) for pool in args.pools}
     for pool in args.pools:
-        problems += pool_problems(pool_plan(pool, list(specs.values())))
+        problems += pool_problems(plans[pool_deployment_name(pool.name)])
+        if notes is not None and pool.catalogue:
+            found = [e.id for e in catalogue_entries(pool)]
+            notes.append(f"pool {pool.name!r}: catalogue {pool.catalogue} holds {len(found)} model"
+                         f"{'s' if len(found) != 1 else ''} ({', '.join(found)})")
     blocks = {b.get("name"): b for b in app.get("deployments") or []}
     models = {deployment_name(m.id): m for m in args.models if not m.pool}  # a pooled model has no deployment
     pools = {pool_deployment_name(p.name): p for p in args.pools}
@@ -147,10 +157,26 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
             options[name] = apply_block(pool_deployment_defaults(pool, args.models), blocks.get(name))
     if cluster is not None:
         problems += fit_problems(options, cluster)
+    nodes, where = _nodes(cluster, capacity)
+    for name, plan in plans.items():
+        host = "Ingress" if single else name
+        problems += pool_node_problems(plan, replica_request(options[host]), nodes, where)
     if asks is not None:
         asks += _asks(options, args.models, specs, single, weights if weights is not None else {})
         _pool_asks(asks, args.pools, single)
     return problems
+
+
+def _nodes(cluster: dict[str, Any] | None, capacity: Capacity | None) -> tuple[dict[str, dict[str, float]], str]:
+    """The nodes a replica may be placed on, by name, with their resources: the cluster file's node types (as
+    declared), else the capacity checked against (this machine) as one node."""
+    if cluster is not None:
+        types = cluster.get("available_node_types") or {}
+        return ({t: {k: float(v) for k, v in (nt.get("resources") or {}).items()}
+                 for t, nt in types.items() if isinstance(nt, dict)}, "the cluster file's node types")
+    if capacity is not None:
+        return {"this machine": dict(capacity.resources)}, "where it runs"
+    return {}, ""
 
 
 def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: dict[str, ModelSpec],

@@ -13,7 +13,7 @@ from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
 from ..model_sources.gguf import GGUFError, read_metadata
 from ..pools.plan import MIB, PoolPlan, mib
 from .capacity import kv_cache_bytes
-from .placement import DEFAULT_MAX_REPLICAS, ingress_hosting_defaults
+from .placement import DEFAULT_MAX_REPLICAS, fits, ingress_hosting_defaults
 
 
 def pool_deployment_name(pool: str) -> str:
@@ -55,6 +55,37 @@ def pool_problems(plan: PoolPlan) -> list[str]:
         out.append(f"pool {plan.name!r}: its pinned models ({', '.join(plan.pinned)}) need {mib(pinned)} together, "
                    f"more than its memory_budget_mib ({mib(plan.budget_bytes)})")
     return out
+
+
+def replica_need(plan: PoolPlan) -> tuple[int, str]:
+    """(bytes, how) the models one replica of the pool may hold at once take at most: its `max_models` largest
+    models together, or its memory budget when that is less (a replica never goes past it)."""
+    largest = sorted(plan.needs.items(), key=lambda kv: -kv[1])[:plan.max_models]
+    most = sum(n for _, n in largest)
+    how = f"max_models {plan.max_models}: its largest models {', '.join(m for m, _ in largest)} at once"
+    if plan.budget_bytes is not None and plan.budget_bytes < most:
+        return plan.budget_bytes, f"its memory_budget_mib; {how} would take {mib(most)}"
+    return most, how
+
+
+def pool_node_problems(plan: PoolPlan, request: dict[str, float], nodes: dict[str, dict[str, float]],
+                       where: str) -> list[str]:
+    """A pool whose replica could hold more than the memory of every node it can be placed on (by its CPU, GPU
+    and custom resources): it would load models until the node runs out of memory. `nodes`: node name ->
+    resources (memory in bytes, as Ray counts it); nodes that state no memory are not judged. A pool that
+    reserves GPUs keeps its models in VRAM, which no node states: not checked here."""
+    if request.get("GPU", 0) > 0 or not plan.needs:
+        return []
+    need, how = replica_need(plan)
+    placed = {name: res for name, res in nodes.items()
+              if fits({k: v for k, v in request.items() if k != "memory"}, res) and res.get("memory")}
+    if not placed or need <= max(res["memory"] for res in placed.values()):
+        return []
+    shown = ", ".join(f"{name} {mib(res['memory'])}" for name, res in placed.items())
+    return [f"pool {plan.name!r}: a replica may hold {mib(need)} ({how}; each model's GGUF plus its KV cache at "
+            f"n_ctx x n_seq_max), more than the memory of any node it can be placed on ({where}: {shown}): it "
+            f"would run the node out of memory; set memory_budget_mib below the node's memory, lower max_models, "
+            f"or place the pool on nodes with more memory"]
 
 
 def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dict[str, Any]:

@@ -70,3 +70,96 @@ def test_a_catalogue_that_is_not_a_directory_is_refused(tmp_path):
 def test_a_catalogue_alone_configures_the_models(tmp_path):
     shutil.copy(resolve_path(BUNDLED), tmp_path / "only.gguf")
     assert [m.id for m in parse_args({"pools": [{"name": "tail", "catalogue": str(tmp_path)}]}).models] == ["only"]
+
+
+def link(folder, *names: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).symlink_to(resolve_path(BUNDLED))
+
+
+def catalogue(tmp_path, **pool) -> dict:
+    return {"pools": [{"name": "tail", "catalogue": str(tmp_path), **pool}]}
+
+
+def test_a_split_model_is_one_model_named_without_its_part_numbers(tmp_path):
+    link(tmp_path, "big-00001-of-00003.gguf", "big-00002-of-00003.gguf", "big-00003-of-00003.gguf", "small.gguf")
+    by_id = {m.id: m for m in parse_args(catalogue(tmp_path)).models}
+    assert set(by_id) == {"big", "small"}
+    assert by_id["big"].model_path == str(tmp_path / "big-00001-of-00003.gguf")
+
+
+def test_a_split_model_missing_a_part_is_refused(tmp_path):
+    link(tmp_path, "big-00001-of-00003.gguf", "big-00003-of-00003.gguf")
+    assert "split model big-00001-of-00003.gguf lacks big-00002-of-00003.gguf" in refused(catalogue(tmp_path))
+
+
+def test_a_subdirectory_is_a_model_with_its_projector_as_llama_server_lays_them_out(tmp_path):
+    link(tmp_path / "gemma-vision", "gemma-3-4b-it-Q8_0.gguf", "mmproj-F16.gguf")
+    link(tmp_path / "kimi", "Kimi-K2-00001-of-00002.gguf", "Kimi-K2-00002-of-00002.gguf")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("no model here")
+    by_id = {m.id: m for m in parse_args(catalogue(tmp_path)).models}
+    assert set(by_id) == {"gemma-vision", "kimi"}
+    assert by_id["gemma-vision"].model_path == str(tmp_path / "gemma-vision" / "gemma-3-4b-it-Q8_0.gguf")
+    assert by_id["gemma-vision"].mmproj_path == str(tmp_path / "gemma-vision" / "mmproj-F16.gguf")
+    assert by_id["kimi"].model_path.endswith("Kimi-K2-00001-of-00002.gguf") and by_id["kimi"].mmproj_path is None
+
+
+def test_a_subdirectory_with_two_models_is_refused(tmp_path):
+    link(tmp_path / "two", "a.gguf", "b.gguf")
+    assert "subdirectory two/ is one model" in refused(catalogue(tmp_path))
+
+
+def test_an_empty_catalogue_or_one_of_projectors_only_is_refused(tmp_path):
+    assert "holds no model" in refused(catalogue(tmp_path))
+    link(tmp_path, "mmproj-x.gguf")
+    assert "holds no model" in refused(catalogue(tmp_path))
+
+
+def test_a_file_name_that_is_no_model_id_is_refused(tmp_path):
+    link(tmp_path, "my model.gguf")
+    msg = refused(catalogue(tmp_path))
+    assert "my model.gguf would be model 'my model', which is not a valid model id" in msg
+
+
+def test_one_id_twice_in_a_catalogue_is_refused(tmp_path):
+    link(tmp_path, "a.gguf")
+    link(tmp_path / "a", "other.gguf")
+    assert "a/other.gguf and a.gguf would both be model 'a'" in refused(catalogue(tmp_path))
+
+
+def test_an_entry_outside_the_pool_with_a_catalogue_models_id_is_refused(tmp_path):
+    link(tmp_path, "alpha.gguf")
+    msg = refused({"models": [{"id": "alpha", "model_path": BUNDLED}], **catalogue(tmp_path)})
+    assert "model 'alpha' is both an entry of `models` (in a deployment of its own (no `pool`))" in msg
+    assert "give the entry `pool: tail`" in msg
+
+
+def test_two_catalogues_with_one_id_are_refused(tmp_path):
+    link(tmp_path / "one", "alpha.gguf")
+    link(tmp_path / "two", "alpha.gguf")
+    msg = refused({"pools": [{"name": "p1", "catalogue": str(tmp_path / "one")},
+                             {"name": "p2", "catalogue": str(tmp_path / "two")}]})
+    assert "model 'alpha' is in the catalogues of pools 'p1' and 'p2'" in msg
+
+
+def test_check_config_names_the_catalogues_models_and_v1_models_lists_them(tmp_path):
+    from starlette.testclient import TestClient
+
+    from app.config.settings import resolve_models
+    from app.http.server import build_http_app, model_cards
+    from app.ops.config_check import check_config
+
+    link(tmp_path, "alpha.gguf", "beta.gguf")
+    args = {**catalogue(tmp_path, model_defaults={"n_ctx": 512, "n_seq_max": 2})}
+    notes: list[str] = []
+    config = {"applications": [{"name": "llamaray", "import_path": "deployments.builder:build_app", "args": args}]}
+    assert check_config(config, notes=notes) == []
+    assert f"llamaray: pool 'tail': catalogue {tmp_path} holds 2 models (alpha, beta)" in notes
+    assert sum("model 'alpha' (chat)" in n for n in notes) == 1
+
+    with TestClient(build_http_app(object(), model_cards(resolve_models(parse_args(args))))) as client:
+        data = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
+    assert {m: (data[m]["pool"], data[m]["state"]) for m in data} == {"alpha": ("tail", "available"),
+                                                                     "beta": ("tail", "available")}

@@ -53,3 +53,30 @@ def test_the_pool_deployment_scales_like_a_model_deployment():
     assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0}
     assert options["max_ongoing_requests"] == 6
     assert options["autoscaling_config"]["min_replicas"] == 1
+
+
+def test_a_pool_replica_is_checked_against_the_memory_of_the_machine_it_runs_on():
+    from app.ops.capacity import Capacity
+
+    config = app([pooled("a"), pooled("b"), pooled("c")], [{"name": "tail", "max_models": 2}],
+                 [{"name": "LlamaPool-tail", "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}])
+    small = Capacity({"CPU": 4, "GPU": 0, "memory": 150 * 2**20}, "a small node")
+    problems = [p for p in check_config(config, capacity=small) if "a replica may hold" in p]
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("llamaray: pool 'tail': a replica may hold ")
+    assert "max_models 2: its largest models a, b at once" in problems[0]
+    assert "(where it runs: this machine 150 MiB)" in problems[0]
+    roomy = Capacity({"CPU": 4, "GPU": 0, "memory": 64 * 2**30}, "a big node")
+    assert check_config(config, capacity=roomy) == []
+
+
+def test_a_pool_on_gpus_or_on_nodes_that_state_no_memory_is_not_weighed_against_host_memory():
+    from app.ops.capacity import Capacity
+
+    small = Capacity({"CPU": 4, "GPU": 1, "memory": 150 * 2**20}, "a small node")
+    on_gpu = app([pooled("a", n_gpu_layers=-1), pooled("b", n_gpu_layers=-1)], [{"name": "tail"}],
+                 [{"name": "LlamaPool-tail", "ray_actor_options": {"num_cpus": 1, "num_gpus": 1}}])
+    assert not [p for p in check_config(on_gpu, capacity=small) if "a replica may hold" in p]
+    cluster = {"available_node_types": {"w": {"resources": {"CPU": 4, "GPU": 0}}}}
+    on_cpu = app([pooled("a"), pooled("b")], [{"name": "tail"}])
+    assert not [p for p in check_config(on_cpu, cluster) if "a replica may hold" in p]
