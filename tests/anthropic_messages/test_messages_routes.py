@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from app.api.errors import overloaded, payload_too_large
 from app.config.settings import Limits
-from app.engine.stream import generate_stream
+from tests.support.engine_errors import mapped_stream
 from app.http.auth import KeyChecker
 from app.http.server import ServerSettings, build_http_app, model_cards
 from app.serving.processing import Processor
@@ -31,7 +31,7 @@ class EngineModels:
         self.engine = engine
 
     def open_stream(self, model_id, gen):
-        return generate_stream(self.engine, gen, 0)
+        return mapped_stream(self.engine, gen, 0)
 
     async def tokenize(self, model_id, text, add_special):
         return self.engine.tokenize(text, add_special)

@@ -22,3 +22,18 @@ def client_error() -> Iterator[SimpleNamespace]:
         yield box
     box.engine = info.value
     box.value = as_api_error(info.value)
+
+
+async def mapped_stream(engine, request, interval_s: float = 0.0):
+    """The engine's event batches for `request` (stream.generate_stream) with its errors mapped as the edge
+    maps them (deployments/models.py LocalModels): for services wired straight to an engine in tests."""
+    from app.engine.stream import generate_stream
+
+    events = generate_stream(engine, request, interval_s)
+    try:
+        async for batch in events:
+            yield batch
+    except EngineError as exc:
+        raise as_api_error(exc) from None
+    finally:
+        await events.aclose()
