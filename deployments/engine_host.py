@@ -15,11 +15,13 @@ from app.api.errors import overloaded, service_unavailable, wrong_kind
 from app.config.settings import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.admission import WAITING_PER_SLOT
-from app.engine.embedder import EmbeddingEngine, embed
+from app.engine.embedder import embed
 from app.engine.events import Event, Started
+from app.engine.factory import start_engine
 from app.engine.jobs import CountPromptJob, DetokenizeJob, StatsJob, TokenizeJob
 from app.engine.params import EmbeddingJob, EmbeddingResult, Job, RerankJob, RerankResult
-from app.engine.selfcheck import EngineUnavailable, start_engine
+from app.engine.protocol import Engine
+from app.engine.selfcheck import EngineUnavailable
 from app.engine.stream import generate_stream
 from app.engine.timeline import Timeline
 from app.replica.local_copy import needs_fetch
@@ -44,7 +46,8 @@ class EngineHost:
                     spec.id, self.spec.n_threads, self.spec.n_threads_batch, self.spec.n_gpu_layers, assigned)
         # A model llama.cpp cannot run here, or whose file cannot be fetched, leaves the replica up, saying
         # why (/health, errors, log), instead of a crash that Serve would restart forever.
-        self.engine, self.unavailable = None, None
+        self.engine: Engine | None = None
+        self.unavailable: str | None = None
         # Adapters of the spec that could not be loaded, with why: their requests get a 503 saying so, while
         # the base model and the other adapters serve.
         self.adapter_errors: dict[str, str] = {}
@@ -93,8 +96,8 @@ class EngineHost:
         if self._gauge_task is None:  # needs the replica's event loop, so not in __init__
             self._gauge_task = asyncio.get_running_loop().create_task(self._publish_gauges())
         engine = self._ready_engine()
-        if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, _kind(engine), "generation")
+        if self.spec.kind != "chat":
+            raise wrong_kind(self.spec.id, self.spec.kind, "generation")
         for name, _ in request.adapters:
             if name in self.adapter_errors:
                 raise service_unavailable(self.adapter_errors[name], code="adapter_unavailable")
@@ -134,7 +137,7 @@ class EngineHost:
         """An embedding model's vectors for the job's inputs, or a reranker's scores for a RerankJob's pairs
         (batched with other requests' by its engine)."""
         engine = self._ready_engine()
-        kind = _kind(engine)
+        kind = self.spec.kind
         if kind != ("rerank" if isinstance(job, RerankJob) else "embedding"):
             raise wrong_kind(self.spec.id, kind, "/v1/rerank" if isinstance(job, RerankJob) else "/v1/embeddings")
         if bounded and self._unstarted >= WAITING_PER_SLOT * self.spec.n_seq_max:
@@ -150,8 +153,8 @@ class EngineHost:
 
     async def _count_prompt(self, job: CountPromptJob, bounded: bool) -> int:
         engine = self._ready_engine()
-        if isinstance(engine, EmbeddingEngine):
-            raise wrong_kind(self.spec.id, _kind(engine), "chat prompts")
+        if self.spec.kind != "chat":
+            raise wrong_kind(self.spec.id, self.spec.kind, "chat prompts")
         return await asyncio.to_thread(engine.count_prompt, job.prompt, job.images)
 
     async def _detokenize(self, job: DetokenizeJob, bounded: bool) -> str:
@@ -222,9 +225,3 @@ def load_adapters(engine: Any, spec: ModelSpec) -> dict[str, str]:
             logger.error("%s", errors[adapter.name])
     return errors
 
-
-def _kind(engine: Any) -> str:
-    """The kind of model an engine serves: a pooling engine with a pair format is a reranker's."""
-    if not isinstance(engine, EmbeddingEngine):
-        return "chat"
-    return "rerank" if engine.pair_vocab is not None else "embedding"

@@ -1,4 +1,6 @@
-"""Map Ray's own failures (dead replicas, back-pressure) onto OpenAI-shaped errors."""
+"""Failures behind a model call as the protocol's errors: the engine's (app/engine/errors.py, mapped by
+app.api.errors.as_api_error), and Ray's own (dead replicas, back-pressure). Both topologies' model calls
+pass here (deployments/models.py): an engine error is mapped where it reaches the processing."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ T = TypeVar("T")
 
 
 def to_api_error(exc: BaseException) -> APIError:
-    api = as_api_error(exc)
+    api = as_api_error(exc)  # an APIError, or an engine error (itself, or inside RayTaskError) mapped
     if api is not None:
         return api
     if isinstance(exc, serve_exc.BackPressureError):

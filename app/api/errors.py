@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..engine.errors import ContextExceeded, EngineError
+
 
 class APIError(Exception):
     """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
@@ -154,8 +156,35 @@ def internal_error(message: str = "The server had an error while processing your
     return APIError(message, status=500, type="server_error", code="internal_error", logged=logged)
 
 
+# The request field a client knows an engine error's subject by, where the two differ: a prompt's images
+# are parts of its messages.
+ENGINE_SUBJECT_PARAMS = {"images": "messages"}
+
+
+def from_engine_error(exc: EngineError) -> APIError:
+    """The protocol's error for an engine error (app/engine/errors.py): its kind gives the status and type,
+    its subject the request field (`param`), its code and message pass on as they are."""
+    if isinstance(exc, ContextExceeded):
+        return context_length_exceeded(exc.n_ctx, exc.prompt_tokens, exc.max_tokens, at_least=exc.at_least)
+    param = ENGINE_SUBJECT_PARAMS.get(exc.subject, exc.subject) if exc.subject is not None else None
+    if exc.kind == "bad_input":
+        return invalid_request(exc.message, param=param, code=exc.code)
+    if exc.kind == "not_found":
+        return APIError(exc.message, param=param, code=exc.code, status=404, type="invalid_request_error")
+    if exc.kind == "overloaded":
+        return overloaded(exc.message)
+    if exc.kind == "unavailable":
+        return service_unavailable(exc.message, code=exc.code or "service_unavailable")
+    if exc.kind == "timeout":
+        return APIError(exc.message, status=504, type="server_error", code=exc.code or "timeout")
+    return APIError(exc.message, status=500, type="server_error", code=exc.code or "internal_error",
+                    logged=exc.logged)
+
+
 def as_api_error(exc: BaseException | None) -> APIError | None:
-    """The APIError inside `exc`: itself, or the original a remote-call wrapper carries.
+    """The APIError inside `exc`: itself, the original a remote-call wrapper carries, or the protocol's
+    error for an engine error (the edge where engine failures reach the processing: both topologies'
+    model calls map through here, deployments/error_mapping.py and the HTTP layer's error bodies).
 
     Ray re-raises a remote exception as a wrapper that subclasses the original class but
     does not carry its attributes; the original is in `.cause`, so look there first.
@@ -169,6 +198,8 @@ def as_api_error(exc: BaseException | None) -> APIError | None:
             continue
         if isinstance(exc, APIError):
             return exc
+        if isinstance(exc, EngineError):
+            return from_engine_error(exc)
         exc = exc.__cause__
     return None
 

@@ -16,7 +16,7 @@ from ..prompt import content_marks
 from ..generation.adapters import Target, served_target
 from ..generation.caller import ANONYMOUS, Caller, cache_scope
 from ..generation.choices import merge
-from ..generation.plan import check_completion_limit, client_gbnf, sampling_from
+from ..generation.plan import check_completion_limit, client_gbnf, completion_limit, sampling_from
 from ..generation.rounds import Generate, with_deadline
 from ..generation.tally import ReplyTally
 from ..config.settings import Limits, ModelSpec
@@ -58,7 +58,7 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     score_prompt = bool(req.echo) and req.logprobs is not None
     share = limits.max_logprob_entries // max(1, len(req.prompts))  # each prompt's part of the request's logprobs
     gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
-                              max_tokens=req.max_tokens, stop=req.stop_list, sampling=replace(sampling), n=n,
+                              max_tokens=completion_limit(req.max_tokens, spec), stop=req.stop_list, sampling=replace(sampling), n=n,
                               logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
                               cache_prompt=req.cache_prompt is not False, max_logprob_entries=share)
             for p, prompt in enumerate(req.prompts)]

@@ -4,7 +4,7 @@ A reranker (rank pooling) runs on the same engine: a RerankJob's inputs are its 
 formatted as llama-server formats them (rerank_format.py), and each pooled output is the pair's score.
 
 `prepare` (any thread; off the event loop: `embed` runs it in one) tokenizes a job's inputs and checks them
-against the model's context and the request's token budget, so bad input is a 400 before anything is
+against the model's context and the request's token budget, so bad input is an engine error before anything is
 queued. One decode thread drains the queue: it packs the waiting inputs, first come first served, into one
 batch of at most `n_seq_max` sequences and `n_batch` tokens (a sequence id per input), decodes it, and
 hands each request its vectors once all of its inputs are done. A request's inputs may span several
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
@@ -26,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..api.errors import APIError, invalid_request
 from ..config.settings import ModelSpec, place
 from . import hardware
+from .decode_thread import DecodeThread
+from .errors import EngineError, bad_input, internal
 from .llama import Batch, LlamaModelContext, embed_batch
 from .params import EmbeddingJob, EmbeddingResult, RerankJob, RerankResult
 from .rerank_format import PairVocab, format_pair
@@ -50,11 +50,12 @@ class _Pending:
         self.future: Future = Future()
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(DecodeThread):
     pair_vocab: PairVocab | None = None  # a reranker's (rank pooling): how its (query, document) pairs are formed
 
     def __init__(self, spec: ModelSpec) -> None:
         spec = place(spec)
+        super().__init__(f"llama-embedder-{spec.id}")
         self.spec = spec
         self.llama = LlamaModelContext(
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
@@ -65,23 +66,15 @@ class EmbeddingEngine:
         self.n_ctx = spec.n_ctx
         self.pair_vocab = self.llama.pair_vocab() if spec.pooling == "rank" else None
         self._batch = Batch(spec.n_batch)
-        self._cv = threading.Condition()
         self._waiting: deque[_Pending] = deque()
-        self._closing = False
-        self.broken: str | None = None
         self.running = 0  # inputs in the batch being decoded
         self.steps = 0
         self.tokens_decoded = 0
-        self._thread = threading.Thread(target=self._run, name=f"llama-embedder-{spec.id}", daemon=True)
-
-    def start(self) -> "EmbeddingEngine":
-        self._thread.start()
-        return self
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, job: EmbeddingJob | RerankJob) -> list[list[int]]:
         """Each input's tokens, checked: ids in the vocabulary, within the context (or truncated as the job
-        asks), the total within its budget. APIError (400) naming the input otherwise."""
+        asks), the total within its budget. Bad input (an engine error) naming the input otherwise."""
         if isinstance(job, RerankJob):
             return self._prepare_pairs(job)
         limit = self._truncation_limit(job.truncate)
@@ -91,20 +84,20 @@ class EmbeddingEngine:
             where = "input" if job.single else f"input[{i}]"
             tokens = self._tokens(item, where)
             if not tokens:
-                raise invalid_request(f"`{where}` makes no tokens.", param=where, code="empty_input")
+                raise bad_input(f"`{where}` makes no tokens.", where, "empty_input")
             if len(tokens) > limit:
                 if job.truncate is None:
-                    raise invalid_request(
+                    raise bad_input(
                         f"`{where}` is {len(tokens)} tokens; model `{self.spec.id}` embeds at most {self.n_ctx} "
                         f"tokens per input. Shorten it, or set `truncate_prompt_tokens` to keep its last tokens.",
-                        param=where, code="context_length_exceeded")
+                        where, "context_length_exceeded")
                 tokens = tokens[-limit:]
             total += len(tokens)
             if job.max_total_tokens is not None and total > job.max_total_tokens:
-                raise invalid_request(f"The inputs make more than {job.max_total_tokens} tokens (at `{where}`); "
-                                      f"this server embeds at most that many in one request "
-                                      f"(limits.max_embedding_tokens). Send them in several requests.",
-                                      param="input", code="too_many_tokens")
+                raise bad_input(f"The inputs make more than {job.max_total_tokens} tokens (at `{where}`); "
+                                f"this server embeds at most that many in one request "
+                                f"(limits.max_embedding_tokens). Send them in several requests.",
+                                "input", "too_many_tokens")
             out.append(tokens)
         return out
 
@@ -113,17 +106,15 @@ class EmbeddingEngine:
         if truncate is None or truncate < 0:
             return self.n_ctx
         if truncate > self.n_ctx:
-            raise invalid_request(f"`truncate_prompt_tokens` is {truncate}; model `{self.spec.id}` reads at most "
-                                  f"{self.n_ctx} tokens per input.", param="truncate_prompt_tokens",
-                                  code="invalid_value")
+            raise bad_input(f"`truncate_prompt_tokens` is {truncate}; model `{self.spec.id}` reads at most "
+                            f"{self.n_ctx} tokens per input.", "truncate_prompt_tokens", "invalid_value")
         return truncate
 
     def _prepare_pairs(self, job: RerankJob) -> list[list[int]]:
         """Each (query, document) pair's tokens, checked like an embedding input; a long pair loses its
         document's last tokens when the job says `truncate`."""
         if self.pair_vocab is None:
-            raise invalid_request(f"Model `{self.spec.id}` is not a reranker (rank pooling).", param="model",
-                                  code="unsupported_model")
+            raise bad_input(f"Model `{self.spec.id}` is not a reranker (rank pooling).", "model", "unsupported_model")
 
         def tokenize(text: str, parse_special: bool) -> list[int]:
             return self.llama.tokenize(text, add_special=False, parse_special=parse_special)
@@ -137,19 +128,18 @@ class EmbeddingEngine:
             if len(pair.tokens) > limit:
                 cut = pair.truncated(limit) if job.truncate is not None else None
                 if cut is None:
-                    raise invalid_request(
+                    raise bad_input(
                         f"The query with `{where}` is {len(pair.tokens)} tokens; model `{self.spec.id}` reads at "
                         f"most {limit} tokens per pair. Shorten it"
                         + ("" if job.truncate is not None else
                            ", or set `truncate_prompt_tokens` to cut the end of long documents")
-                        + ".", param=where, code="context_length_exceeded")
+                        + ".", where, "context_length_exceeded")
                 pair = cut
             total += len(pair.tokens)
             if job.max_total_tokens is not None and total > job.max_total_tokens:
-                raise invalid_request(f"The pairs make more than {job.max_total_tokens} tokens (at `{where}`); "
-                                      f"this server reranks at most that many in one request "
-                                      f"(limits.max_rerank_tokens). Send fewer documents.",
-                                      param="documents", code="too_many_tokens")
+                raise bad_input(f"The pairs make more than {job.max_total_tokens} tokens (at `{where}`); "
+                                f"this server reranks at most that many in one request "
+                                f"(limits.max_rerank_tokens). Send fewer documents.", "documents", "too_many_tokens")
             out.append(pair.tokens)
         return out
 
@@ -160,22 +150,16 @@ class EmbeddingEngine:
         n_vocab = self.llama.n_vocab
         for j, token in enumerate(item):
             if not 0 <= token < n_vocab:  # llama.cpp aborts on an id outside the vocabulary
-                raise invalid_request(f"Token id {token} (`{where}[{j}]`) is not in the vocabulary of model "
-                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=where,
-                                      code="invalid_token")
+                raise bad_input(f"Token id {token} (`{where}[{j}]`) is not in the vocabulary of model "
+                                f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", where, "invalid_token")
         return list(item)
 
     def submit(self, job: EmbeddingJob | RerankJob, tokens: list[list[int]]) -> Future:
-        """Queue a prepared job; its future gets the EmbeddingResult or RerankResult (or an APIError). Any
+        """Queue a prepared job; its future gets the EmbeddingResult or RerankResult (or an engine error). Any
         thread."""
         pending = _Pending(job, tokens)
-        with self._cv:
-            if self.broken is None:
-                self._waiting.append(pending)
-                self._cv.notify()
-                return pending.future
-        raise APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
-                       code="engine_unavailable")
+        self._enqueue(pending)
+        return pending.future
 
     def embed_now(self, job: EmbeddingJob | RerankJob, timeout_s: float | None = None) -> EmbeddingResult | RerankResult:
         """prepare + submit + wait, on the caller's thread (tests, tools)."""
@@ -188,9 +172,8 @@ class EmbeddingEngine:
         n_vocab = self.llama.n_vocab
         for i, token in enumerate(tokens):
             if not 0 <= token < n_vocab:
-                raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
-                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=f"tokens[{i}]",
-                                      code="invalid_token")
+                raise bad_input(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
+                                f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", f"tokens[{i}]", "invalid_token")
         return self.llama.detokenize(tokens)
 
     def stats(self) -> dict[str, Any]:
@@ -203,15 +186,8 @@ class EmbeddingEngine:
     def active(self) -> int:
         return self.running
 
-    def healthy(self) -> bool:
-        return self.broken is None and self._thread.is_alive()
-
     def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        super().close()
         self._batch.free()
         self.llama.close()
 
@@ -236,29 +212,26 @@ class EmbeddingEngine:
                 self._waiting.popleft()
         return taken
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._closing or self._waiting):
-                        self._cv.wait()
-                    if self._closing:
-                        break
-                    taken = self._take()
-                if taken:
-                    self._step(taken)
-        except Exception as exc:  # noqa: BLE001 - the engine stops; every waiting request is told why
-            log.exception("embedding engine %s failed", self.spec.id)
-            self.broken = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.running = 0
+    def _loop(self) -> None:
+        while True:
             with self._cv:
-                self.broken = self.broken or "the engine was closed"
-                left, self._waiting = list(self._waiting), deque()
-            error = APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
-                             code="engine_unavailable")
-            for pending in left:
-                _fail(pending, error)
+                while not (self._closing or self._waiting):
+                    self._cv.wait()
+                if self._closing:
+                    return
+                taken = self._take()
+            if taken:
+                self._step(taken)
+
+    def stopped_error(self) -> EngineError:
+        return self.unavailable_error()  # the waiting jobs are told why, as later submissions are
+
+    def _fail_all(self, error: EngineError) -> None:
+        self.running = 0
+        with self._cv:
+            left, self._waiting = list(self._waiting), deque()
+        for pending in left:
+            _fail(pending, error)
 
     def _step(self, taken: list[tuple[_Pending, int]]) -> None:
         self.running = len(taken)
@@ -274,8 +247,7 @@ class EmbeddingEngine:
         self.running = 0
         if vectors is None:
             log.error("llama_decode refused a batch of %d inputs (%d tokens)", len(taken), batch.n)
-            error = APIError("The model could not embed these inputs.", status=500, type="server_error",
-                             code="decode_failed")
+            error = internal("The model could not embed these inputs.", code="decode_failed", logged=False)
             for pending in {id(p): p for p, _ in taken}.values():
                 _fail(pending, error)
                 with self._cv:
@@ -300,7 +272,7 @@ class EmbeddingEngine:
                 pending.future.set_result(result)
 
 
-def _fail(pending: _Pending, error: APIError) -> None:
+def _fail(pending: _Pending, error: EngineError) -> None:
     try:
         pending.future.set_exception(error)
     except InvalidStateError:  # done already, or cancelled by its caller meanwhile

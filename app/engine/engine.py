@@ -33,10 +33,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..config.settings import ModelSpec, place
-from ..api.errors import APIError, context_length_exceeded, internal_error, invalid_request
 from . import hardware, prompt_marks
 from .admission import BACKFILL_S, admissible
 from .constraint import MaskWorker, grammar_tokenizer
+from .decode_thread import DecodeThread
+from .errors import ContextExceeded, EngineError, bad_input, internal
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .llama import (Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode,
                     decode_embd, logprobs_at)
@@ -64,9 +65,10 @@ def call_each(items: list[tuple[Sink, Event]]) -> None:
         sink(event)
 
 
-class LlamaEngine:
+class LlamaEngine(DecodeThread):
     def __init__(self, spec: ModelSpec, publish: Publish = call_each) -> None:
         spec = place(spec)  # auto values not decided by the caller (a replica does): this node's cores, no GPU
+        super().__init__(f"llama-engine-{spec.id}")
         self.spec = spec
         self.llama = LlamaModelContext(
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
@@ -84,16 +86,13 @@ class LlamaEngine:
                 raise
         self._publish = publish
         self._batch = Batch(max(spec.n_batch, spec.n_seq_max))
-        self._cv = threading.Condition()
         self._waiting: deque[Generation] = deque()
         self._admitting: list[Generation] = []  # out of the queue, not yet in their slots
         self._cancelled: set[str] = set()
         self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
         self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
-        self._closing = False
         self._outbox: list[tuple[Sink, Event]] = []
-        self.broken: str | None = None
         self.steps = 0
         self.tokens_decoded = 0  # batch tokens decoded, prompt and generated (tests, stats)
         # Recent duration of one busy step (decode, sampling, publishing), a moving average: streams
@@ -116,24 +115,19 @@ class LlamaEngine:
         self._turn_steps = 0                 # steps the set on the context has had in its turn
         self._last_turn: dict[AdapterSet, int] = {}  # set -> the step its last turn began
         self.adapter_switches = 0
-        self._thread = threading.Thread(target=self._run, name=f"llama-engine-{spec.id}", daemon=True)
-
-    def start(self) -> "LlamaEngine":
-        self._thread.start()
-        return self
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> Generation:
-        """Tokenize, check limits, build each choice's sampler chain (its grammar parsed); raises
-        APIError (400) before anything is queued. Slow for long prompts and large grammars: call it
+        """Tokenize, check limits, build each choice's sampler chain (its grammar parsed); raises an
+        engine error (bad input, context exceeded) before anything is queued. Slow for long prompts and large grammars: call it
         off the event loop (stream.py does). With n > 1 the first choice carries the others: they
         take slots together and share its prompt's KV."""
         if req.n > len(self._slots):
-            raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
-                                  f"choices at once (its n_seq_max).", param="n", code="n_too_large")
+            raise bad_input(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
+                            f"choices at once (its n_seq_max).", "n", "n_too_large")
         self._check_images(req)
         adapters = lora.resolve(self.spec.id, self._adapters, req.adapters) if req.adapters else BASE
-        limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
+        limit = req.max_tokens  # the request's, its default applied while planning (None: the context left)
         self._check_continuation(req.continue_tokens)
         # What the prompt's bytes already prove, before the work of tokenizing it.
         at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
@@ -164,10 +158,10 @@ class LlamaEngine:
             first.free()
             if not isinstance(exc, Exception):
                 raise
-            if isinstance(exc, APIError):
+            if isinstance(exc, EngineError):
                 raise
             log.exception("could not build the sampler for %s", req.request_id)
-            raise internal_error("Could not set up sampling for this request.", logged=True) from None
+            raise internal("Could not set up sampling for this request.") from None
         return first
 
     def discard(self, gen: Generation) -> None:
@@ -178,12 +172,12 @@ class LlamaEngine:
         if not req.images:
             return
         if self.projector is None:
-            raise invalid_request(f"Model `{self.spec.id}` takes no images (it has no multimodal projector, "
-                                  f"`mmproj_path`).", param="messages", code="images_unsupported")
+            raise bad_input(f"Model `{self.spec.id}` takes no images (it has no multimodal projector, "
+                            f"`mmproj_path`).", "images", "images_unsupported")
         if req.prompt_logprobs:
             # Image positions have no token to score, and their rows' logits were never computed.
-            raise invalid_request("Prompt logprobs (`echo`) are not available for prompts with images.",
-                                  param="prompt_logprobs", code="images_unsupported")
+            raise bad_input("Prompt logprobs (`echo`) are not available for prompts with images.",
+                            "prompt_logprobs", "images_unsupported")
 
     def _tokenize(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
         """The prompt's tokens, and its image spans when it has images (their pixels preprocessed)."""
@@ -193,10 +187,10 @@ class LlamaEngine:
             return image_prompt(self.llama, self.projector, req.prompt, req.images)
         except ValueError as exc:  # markers and images that do not pair up: the renderer's bug
             log.error("request %s: %s", req.request_id, exc)
-            raise internal_error("The prompt's images do not match its image places.", logged=True) from None
+            raise internal("The prompt's images do not match its image places.") from None
         except RuntimeError:
             log.exception("request %s: the projector could not take its images", req.request_id)
-            raise internal_error("The model's projector could not read this request's images.", logged=True) from None
+            raise internal("The model's projector could not read this request's images.") from None
 
     def _check_image_places(self, images: list[ImageSpan], prompt_tokens: int) -> None:
         """Each image decodes in one llama_decode where its rows must see each other (non-causal), and
@@ -204,12 +198,11 @@ class LlamaEngine:
         n_ubatch = min(self.spec.n_batch, 512)
         for span in images:
             if span.non_causal and span.n_tokens > n_ubatch:
-                raise invalid_request(f"An image of this request takes {span.n_tokens} positions; model "
-                                      f"`{self.spec.id}` decodes at most {n_ubatch} at once (raise its n_batch).",
-                                      param="messages", code="image_too_large")
+                raise bad_input(f"An image of this request takes {span.n_tokens} positions; model "
+                                f"`{self.spec.id}` decodes at most {n_ubatch} at once (raise its n_batch).",
+                                "images", "image_too_large")
         if images and images[-1].end >= prompt_tokens:
-            raise invalid_request("The prompt ends with an image; the model needs text after it.",
-                                  param="messages", code="image_at_end")
+            raise bad_input("The prompt ends with an image; the model needs text after it.", "images", "image_at_end")
 
     def _fewest_tokens(self, prompt: str) -> int:
         """The fewest tokens `prompt` can make (0: not known for this vocabulary): its UTF-8 bytes over
@@ -226,15 +219,15 @@ class LlamaEngine:
 
     def _check_fits(self, prompt_tokens: int, limit: int | None, exact: bool) -> None:
         if prompt_tokens >= self.n_ctx or (limit is not None and prompt_tokens + limit > self.n_ctx):
-            raise context_length_exceeded(self.n_ctx, prompt_tokens, limit, at_least=not exact)
+            raise ContextExceeded(self.n_ctx, prompt_tokens, limit, at_least=not exact)
 
     def _check_continuation(self, tokens: list[int]) -> None:
         """Token ids to continue from reach llama.cpp as they are: one outside the vocabulary aborts it."""
         n_vocab = self.llama.n_vocab
         for i, token in enumerate(tokens):
             if not 0 <= token < n_vocab:
-                raise invalid_request(f"Token id {token} (continue_tokens[{i}]) is not in the vocabulary of model "
-                                      f"`{self.spec.id}`.", param="continue_tokens", code="invalid_token")
+                raise bad_input(f"Token id {token} (continue_tokens[{i}]) is not in the vocabulary of model "
+                                f"`{self.spec.id}`.", "continue_tokens", "invalid_token")
 
     def _check_logprobs(self, req: GenerationRequest, prompt_tokens: int, limit: int | None, exact: bool) -> None:
         """The logprob entries this generation may make, within its share of limits.max_logprob_entries:
@@ -257,11 +250,11 @@ class LlamaEngine:
             parts.append(f"{'at least ' if not exact else ''}{scored} prompt tokens scored")
         if generated:
             parts.append(f"up to {generated} generated tokens x {req.n} choices")
-        raise invalid_request(
+        raise bad_input(
             f"This request may produce {'at least ' if not exact else ''}{entries} logprob entries "
             f"({' + '.join(parts)}, each with 1 + {req.logprobs or 0} alternatives); at most {share} are allowed "
             f"for it (limits.max_logprob_entries, shared over the request's prompts). Ask for fewer `logprobs`, "
-            f"a lower `max_tokens`, fewer choices or shorter prompts.", param="logprobs", code="logprobs_too_large")
+            f"a lower `max_tokens`, fewer choices or shorter prompts.", "logprobs", "logprobs_too_large")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
@@ -277,13 +270,12 @@ class LlamaEngine:
         return len(tokens)
 
     def detokenize(self, tokens: list[int]) -> str:
-        """The text of token ids; an id outside the vocabulary is a 400 naming its place. Any thread."""
+        """The text of token ids; an id outside the vocabulary is bad input naming its place. Any thread."""
         n_vocab = self.llama.n_vocab
         for i, token in enumerate(tokens):
             if not 0 <= token < n_vocab:
-                raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
-                                      f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", param=f"tokens[{i}]",
-                                      code="invalid_token")
+                raise bad_input(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
+                                f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", f"tokens[{i}]", "invalid_token")
         return self.llama.detokenize(tokens)
 
     # -- LoRA adapters (any thread) ----------------------------------------------------------------
@@ -328,17 +320,12 @@ class LlamaEngine:
         """Queue a prepared generation (the engine owns it from here). Any thread."""
         with self._cv:
             gone = next((a for a in gen.adapters.adapters if self._adapters.get(a.name) is not a), None)
-            if gone is not None:
-                gen.free()
-                raise lora.unknown_adapter(self.spec.id, gone.name)
-            if not self.broken:
+            if gone is None and self.broken is None:
                 gen.queued_at = time.monotonic()
-                self._waiting.append(gen)
-                self._cv.notify()
+                self._enqueue(gen)
                 return
         gen.free()
-        raise APIError(f"The model engine is unavailable: {self.broken}", status=503,
-                       type="server_error", code="engine_unavailable")
+        raise lora.unknown_adapter(self.spec.id, gone.name) if gone is not None else self.unavailable_error()
 
     def cancel(self, request_id: str) -> None:
         with self._cv:
@@ -363,15 +350,8 @@ class LlamaEngine:
         """Occupied slots (read without the lock: a hint, not an exact count)."""
         return sum(slot.gen is not None for slot in self._slots)
 
-    def healthy(self) -> bool:
-        return self.broken is None and self._thread.is_alive()
-
     def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        super().close()
         self._masks.close()
         self._batch.free()
         if self.projector is not None:
@@ -382,39 +362,31 @@ class LlamaEngine:
         self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._closing or self._waiting or self.active or self._cancelled or self._retired):
-                        self._cv.wait()
-                    if self._closing:
-                        break
-                    cancelled, self._cancelled = self._cancelled, set()
-                    dropped = self._unqueue(cancelled)
-                    self._admitting = self._take_admissible()
-                    unused = self._unused_retired()
-                # Without the lock from here: KV edits, copies and saves never hold up the callers.
-                for gen in dropped:
-                    gen.free()
-                self._release_cancelled(cancelled)
-                self._free_adapters(unused)
-                self._admit(self._admitting)
-                self._admitting = []
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._closing or self._waiting or self.active or self._cancelled or self._retired):
+                    self._cv.wait()
+                if self._closing:
+                    return
+                cancelled, self._cancelled = self._cancelled, set()
+                dropped = self._unqueue(cancelled)
+                self._admitting = self._take_admissible()
+                unused = self._unused_retired()
+            # Without the lock from here: KV edits, copies and saves never hold up the callers.
+            for gen in dropped:
+                gen.free()
+            self._release_cancelled(cancelled)
+            self._free_adapters(unused)
+            self._admit(self._admitting)
+            self._admitting = []
+            self._flush()
+            if self.active:
+                started = time.perf_counter()
+                self._step()
                 self._flush()
-                if self.active:
-                    started = time.perf_counter()
-                    self._step()
-                    self._flush()
-                    elapsed = time.perf_counter() - started
-                    self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
-        except BaseException as exc:  # noqa: BLE001 - the thread must report, not vanish
-            log.exception("engine thread died")
-            self.broken = f"decode loop failed: {exc}"
-        finally:
-            self.broken = self.broken or "engine closed"
-            self._fail_all(APIError("The model engine stopped.", status=503, type="server_error",
-                                    code="engine_unavailable"))
+                elapsed = time.perf_counter() - started
+                self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
 
     def _out(self, gen: Generation, event: Event) -> None:
         self._outbox.append((gen.sink, event))
@@ -656,7 +628,7 @@ class LlamaEngine:
         if rc != 0:
             self.llama.seq_rm(slot.index, gen.n_past, -1)
             detail = f"llama_decode failed ({rc})" if rc is not None else "the projector failed"
-            self._fail(slot, internal_error(f"Decoding this request's image failed: {detail}.", logged=True))
+            self._fail(slot, internal(f"Decoding this request's image failed: {detail}."))
             return
         slot.advanced(gen.prompt[span.start:span.end])
 
@@ -715,7 +687,7 @@ class LlamaEngine:
             rc = decode(self.llama, self._batch)
             if rc != 0:
                 log.error("llama_decode returned %d for request %s alone", rc, gen.request_id)
-                self._fail(slot, internal_error(f"llama_decode failed ({rc}) for this request.", logged=True))
+                self._fail(slot, internal(f"llama_decode failed ({rc}) for this request."))
                 continue
             self._advance(slot, tokens)
 
@@ -770,11 +742,11 @@ class LlamaEngine:
         try:
             self._sample(slot)
         except NoValidToken as exc:
-            self._fail(slot, invalid_request(f"The request's grammar cannot be satisfied: {exc}.",
-                                             param="grammar", code="grammar_unsatisfiable"))
+            self._fail(slot, bad_input(f"The request's grammar cannot be satisfied: {exc}.", "grammar",
+                                       "grammar_unsatisfiable"))
         except Exception:  # noqa: BLE001 - fail this request, keep serving the others
             log.exception("sampling failed for %s", slot.gen.request_id)
-            self._fail(slot, internal_error("Sampling failed for this request.", logged=True))
+            self._fail(slot, internal("Sampling failed for this request."))
 
     def _sample(self, slot: Slot) -> None:
         gen = slot.gen
@@ -817,7 +789,7 @@ class LlamaEngine:
         gen.pending_tokens = 0
         gen.pending_logprobs.clear()
 
-    def _fail(self, slot: Slot, err: APIError) -> None:
+    def _fail(self, slot: Slot, err: EngineError) -> None:
         gen = slot.gen
         self._release(slot, keep_cache=False)
         for choice in self._take_choices(gen):  # choices still waiting for this prompt go too
@@ -833,7 +805,7 @@ class LlamaEngine:
         if not keep_cache:
             self.llama.seq_rm(slot.index, 0, -1)
 
-    def _fail_all(self, err: APIError) -> None:
+    def _fail_all(self, err: EngineError) -> None:
         with self._cv:
             for gen in (*self._waiting, *(g for g in self._admitting if g.slot < 0)):
                 gen.free()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Union
 
-from ..api.errors import APIError
+from .errors import EngineError
 
 
 class _Picklable:
@@ -74,7 +74,7 @@ class Finished(_Picklable):
 
 @dataclass(frozen=True, slots=True)
 class Failed(_Picklable):
-    error: APIError
+    error: EngineError  # the protocol's error is made from it where the stream reaches the processing
 
 
 Event = Union[Started, Text, PromptLogprobs, Finished, Failed]

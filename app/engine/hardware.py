@@ -8,14 +8,13 @@ No llama_cpp import at module level: the self-check's parent reads these facts w
 
 from __future__ import annotations
 
+import json  # the build record is our own file (tools/llama_build.py): no client text, no strict reader needed
 import platform
 import re
 import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-
-from ..api import strict_json
 
 BUILD_RECORD = Path(sys.prefix) / "llamaray-build.json"
 AMX_CPU_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
@@ -51,7 +50,7 @@ def cpu_has_amx(flags: frozenset[str] | None = None) -> bool:
 def build_record() -> dict[str, Any] | None:
     """How tools/llama_build.py built the installed llama-cpp-python, or None (installed otherwise)."""
     try:
-        return strict_json.loads(BUILD_RECORD.read_text())
+        return json.loads(BUILD_RECORD.read_text())
     except (OSError, ValueError):
         return None
 

@@ -17,7 +17,7 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from ..api.errors import invalid_request
+from .errors import bad_input
 from . import prompt_marks as content_marks
 from .constraint import Constraint, GrammarRefused
 from .params import SamplingParams
@@ -444,13 +444,13 @@ class SamplerChain:
             try:
                 self.constraint = Constraint(grammar_tokenizer, p.grammar, llama.n_vocab)
             except GrammarRefused as exc:
-                # A grammar refused against this vocabulary is the client's 400, never a crash.
+                # A grammar refused against this vocabulary is the client's bad input, never a crash.
                 self.free()
                 if exc.unsatisfiable:
-                    raise invalid_request(f"The request's grammar cannot be satisfied: no token can start the "
-                                          f"reply ({exc}).", param="grammar", code="grammar_unsatisfiable") from None
-                raise invalid_request(f"The grammar cannot be followed with this model's vocabulary: {exc}",
-                                      param="grammar", code="invalid_grammar") from None
+                    raise bad_input(f"The request's grammar cannot be satisfied: no token can start the "
+                                    f"reply ({exc}).", "grammar", "grammar_unsatisfiable") from None
+                raise bad_input(f"The grammar cannot be followed with this model's vocabulary: {exc}",
+                                "grammar", "invalid_grammar") from None
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(llama.vocab), p.penalty_last_n,
                                                p.repeat_penalty, p.frequency_penalty, p.presence_penalty))

@@ -25,7 +25,7 @@ from typing import Any
 
 import llama_cpp as L
 
-from ..api.errors import APIError, invalid_request
+from .errors import EngineError, bad_input, not_found
 from ..model_sources.gguf import GGUFError, read_tensors
 from ..model_sources.splits import split_parts
 from .llama import LlamaModelContext
@@ -42,9 +42,8 @@ class AdapterMismatch(ValueError):
     """An adapter that does not fit the model it was offered to; the message names both."""
 
 
-def unknown_adapter(model_id: str, name: str) -> APIError:
-    return APIError(f"Model `{model_id}` has no adapter `{name}` loaded.", param="model", code="model_not_found",
-                    status=404, type="invalid_request_error")
+def unknown_adapter(model_id: str, name: str) -> EngineError:
+    return not_found(f"Model `{model_id}` has no adapter `{name}` loaded.", "model", "model_not_found")
 
 
 @dataclass(frozen=True)
@@ -207,17 +206,16 @@ def apply(llama: LlamaModelContext, adapters: AdapterSet) -> None:
 
 
 def resolve(model_id: str, loaded: dict[str, LoraAdapter], requested: Iterable[tuple[str, float]]) -> AdapterSet:
-    """A request's (name, scale) pairs as an AdapterSet of `loaded` adapters; 404 for a name not loaded,
-    400 for a scale that is not a finite number or a name given twice."""
+    """A request's (name, scale) pairs as an AdapterSet of `loaded` adapters; an engine error for a name not
+    loaded (not found), a scale that is not a finite number or a name given twice (bad input)."""
     pairs: list[tuple[LoraAdapter, float]] = []
     seen: set[str] = set()
     for i, (name, scale) in enumerate(requested):
         if name in seen:
-            raise invalid_request(f"Adapter `{name}` is named twice.", param=f"lora[{i}]", code="invalid_value")
+            raise bad_input(f"Adapter `{name}` is named twice.", f"lora[{i}]", "invalid_value")
         seen.add(name)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-            raise invalid_request(f"The scale of adapter `{name}` must be a finite number.", param=f"lora[{i}]",
-                                  code="invalid_value")
+            raise bad_input(f"The scale of adapter `{name}` must be a finite number.", f"lora[{i}]", "invalid_value")
         adapter = loaded.get(name)
         if adapter is None:
             raise unknown_adapter(model_id, name)

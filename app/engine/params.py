@@ -53,7 +53,7 @@ class ImageInput:
 class GenerationRequest:
     request_id: str
     prompt: str
-    max_tokens: int | None = None  # 0: score the prompt only, generate nothing
+    max_tokens: int | None = None  # 0: score the prompt only; None: up to the context (defaults are applied while planning)
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1                     # choices, all from one decode of the prompt

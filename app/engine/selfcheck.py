@@ -6,11 +6,14 @@ with no reason given. Run here first, the crash kills only the child; the replic
 in its log and in /health.
 
     python -m app.engine.selfcheck < params.json     # the child; prints one JSON line
+
+The pipe carries our own values (paths, counts, llama.cpp's system info), no client's or model's text: the
+standard library's JSON, not the API's strict reader (app/api/strict_json.py), which sits above the engine.
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import signal
 import subprocess
@@ -18,11 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..api import strict_json
 from ..config.settings import ModelSpec, place
 from . import hardware
-
-log = logging.getLogger("llamaray.selfcheck")
 
 TIMEOUT_S = 600.0
 _APP_ROOT = str(Path(__file__).resolve().parents[2])
@@ -51,20 +51,20 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_APP_ROOT, os.environ.get("PYTHONPATH")]))}
     command = command or [sys.executable, "-m", "app.engine.selfcheck"]
     try:
-        proc = subprocess.run(command, input=strict_json.dumps(_child_params(spec), ensure_ascii=True),
+        proc = subprocess.run(command, input=json.dumps(_child_params(spec), ensure_ascii=True),
                               capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise EngineUnavailable(f"model {spec.id!r}: llama.cpp did not load and decode once within {timeout_s:.0f} s "
                                 f"in the startup self-check. {hardware.describe()}") from None
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
-        return strict_json.loads(lines[-1])
+        return json.loads(lines[-1])
     how = (f"killed by {_signal_name(proc.returncode)}" if proc.returncode < 0
            else f"exit status {proc.returncode}")
     info = backend = None
     for line in lines:  # the child prints llama.cpp's system info before it loads anything
         if line.startswith("{") and '"system_info"' in line:
-            first = strict_json.loads(line)
+            first = json.loads(line)
             info, backend = first.get("system_info"), first.get("cpu_backend")
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
     hints = hardware.crash_hints(info)
@@ -75,37 +75,15 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
         + f"{hardware.describe(info, backend)}." + (f" Last output: {tail}" if tail else ""))
 
 
-def start_engine(spec: ModelSpec) -> Any:
-    """The replica's LlamaEngine, after the self-check passed (when enabled); EngineUnavailable if not."""
-    from .engine import LlamaEngine
-    from .stream import publish_to_loops
-
-    if spec.engine == "synthetic":
-        from .synthetic import SyntheticEngine, SyntheticRates
-
-        return SyntheticEngine(spec, SyntheticRates(*spec.synthetic), publish_to_loops).start()
-
-    if spec.startup_self_check:
-        report = run_self_check(spec)
-        log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
-                 "on" if report.get("extra_buffers") else "off",
-                 hardware.describe(report.get("system_info"), report.get("cpu_backend")))
-    if spec.kind in ("embedding", "rerank"):  # a reranker is a pooling model too (rank pooling)
-        from .embedder import EmbeddingEngine
-
-        return EmbeddingEngine(spec).start()
-    return LlamaEngine(spec, publish=publish_to_loops).start()
-
-
 def _child() -> None:
     from .llama import Batch, LlamaModelContext, embed_batch, greedy_token
 
-    params = strict_json.loads(sys.stdin.read())
+    params = json.loads(sys.stdin.read())
     info = hardware.system_info()
     backend = hardware.cpu_backend()
     extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
     # survives a crash below
-    print(strict_json.dumps({"system_info": info, "cpu_backend": backend}, ensure_ascii=True), flush=True)
+    print(json.dumps({"system_info": info, "cpu_backend": backend}, ensure_ascii=True), flush=True)
     llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                            n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
                            n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
@@ -125,8 +103,8 @@ def _child() -> None:
             token = greedy_token(llama, llama.tokenize("Hello"))
     finally:
         llama.close()
-    print(strict_json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,
-                             "token": token}, ensure_ascii=True), flush=True)
+    print(json.dumps({"ok": True, "system_info": info, "cpu_backend": backend, "extra_buffers": extra,
+                      "token": token}, ensure_ascii=True), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ never between two: waiting past one would only add latency. The window grows wit
 sequences the engine is decoding (`PER_STREAM_S` each): every item costs CPU at each Ray hop, and on a
 small machine that CPU is taken from llama.cpp's threads, so the replica's total item rate stays
 roughly constant however many streams it serves, up to a window of MAX_WINDOW_S. A `Failed` event
-is raised as its APIError. Closing the generator early cancels the request.
+is raised as its engine error. Closing the generator early cancels the request.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .engine import LlamaEngine
 from .events import Event, Failed, Finished, Text, coalesce
 from .params import GenerationRequest
+from .protocol import GenerationEngine
 from .slots import Generation, Sink
 
 PER_STREAM_S = 0.015
@@ -103,9 +103,9 @@ class _Handoff:
         self.abandoned = False
 
 
-async def _prepare(engine: LlamaEngine, req: GenerationRequest, sink: Sink) -> Generation:
+async def _prepare(engine: GenerationEngine, req: GenerationRequest, sink: Sink) -> Generation:
     """engine.prepare (tokenizing a long prompt, parsing a grammar: CPU work) in a thread, never on the
-    event loop; APIError for bad input."""
+    event loop; an engine error for bad input."""
     handoff = _Handoff()
 
     def work() -> None:
@@ -129,7 +129,7 @@ async def _prepare(engine: LlamaEngine, req: GenerationRequest, sink: Sink) -> G
     return handoff.gen
 
 
-async def generate_stream(engine: LlamaEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
+async def generate_stream(engine: GenerationEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Event] = asyncio.Queue()
     gen = await _prepare(engine, req, QueueSink(loop, queue))

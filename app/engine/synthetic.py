@@ -11,28 +11,25 @@ extrapolated from the last two), slept, not computed: like a GPU, it leaves the 
 sequence then gets one token of text. Prompts are tokenized byte by byte (ids are bytes + 3, so any
 text round-trips); replies are words from a fixed list, picked by the request's seed.
 
-Not modelled: grammars, logprobs and prompt scoring (a 400 says so), KV reuse (`cached_tokens` is 0).
+Not modelled: grammars, logprobs and prompt scoring (refused as bad input), KV reuse (`cached_tokens` is 0).
 """
 
 from __future__ import annotations
 
 import bisect
-import logging
 import random
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.errors import APIError, context_length_exceeded, invalid_request
 from ..config.settings import ModelSpec
+from .decode_thread import DecodeThread
+from .errors import ContextExceeded, EngineError, bad_input
 from .events import Event, Failed, Finished, Started, Text
-from .params import GenerationRequest
+from .params import GenerationRequest, ImageInput
 from .slots import Sink
 from .stop import StopMatcher
-
-log = logging.getLogger("llamaray.engine")
 
 SPECIAL = 3  # ids 0-2: BOS, EOS, padding; a byte b is token b + SPECIAL
 WORDS = ("the ", "model ", "serves ", "many ", "streams ", "at ", "once ", "and ", "each ", "token ", "crosses ",
@@ -77,44 +74,38 @@ class _Generation:
     choices: list["_Generation"] = field(default_factory=list)
 
 
-class SyntheticEngine:
-    """The llama.cpp engine's interface (prepare, submit, cancel, stats, tokenize, detokenize, healthy,
-    close) over a clock instead of a model."""
+class SyntheticEngine(DecodeThread):
+    """A GenerationEngine (protocol.py) over a clock instead of a model."""
+
+    JOIN_S = 5.0
 
     def __init__(self, spec: ModelSpec, rates: SyntheticRates, publish: Any) -> None:
+        super().__init__(f"synthetic-engine-{spec.id}")
         self.spec = spec
         self.rates = rates
         self.n_ctx = spec.n_ctx
         self._publish = publish
-        self._cv = threading.Condition()
         self._waiting: deque[_Generation] = deque()
         self._running: list[_Generation] = []
         self._cancelled: set[str] = set()
-        self._closing = False
-        self.broken: str | None = None
         self.steps = 0
         self.tokens_decoded = 0
         self.step_s = 0.0
-        self._thread = threading.Thread(target=self._run, name=f"synthetic-engine-{spec.id}", daemon=True)
-
-    def start(self) -> "SyntheticEngine":
-        self._thread.start()
-        return self
 
     # -- the engine's interface ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> _Generation:
         unsupported = ("grammar" if req.sampling.grammar else "logprobs" if req.logprobs is not None
                        else "echo with logprobs" if req.prompt_logprobs else None)
         if unsupported:
-            raise invalid_request(f"Model `{self.spec.id}` is synthetic (capacity planning): it does not "
-                                  f"support {unsupported}.", param=unsupported.split()[0], code="unsupported_by_model")
+            raise bad_input(f"Model `{self.spec.id}` is synthetic (capacity planning): it does not "
+                            f"support {unsupported}.", unsupported.split()[0], "unsupported_by_model")
         if req.n > self.spec.n_seq_max:
-            raise invalid_request(f"`n` is {req.n}; model `{self.spec.id}` generates at most {self.spec.n_seq_max} "
-                                  f"choices at once (its n_seq_max).", param="n", code="n_too_large")
+            raise bad_input(f"`n` is {req.n}; model `{self.spec.id}` generates at most {self.spec.n_seq_max} "
+                            f"choices at once (its n_seq_max).", "n", "n_too_large")
         prompt = len(self.tokenize(req.prompt))
-        limit = req.max_tokens if req.max_tokens is not None else self.spec.default_max_tokens
+        limit = req.max_tokens  # the request's, its default applied while planning (None: the context left)
         if prompt >= self.n_ctx or (limit is not None and prompt + limit > self.n_ctx):
-            raise context_length_exceeded(self.n_ctx, prompt, limit)
+            raise ContextExceeded(self.n_ctx, prompt, limit)
         seed = req.sampling.seed if req.sampling.seed is not None else random.getrandbits(31)
 
         def choice(index: int) -> _Generation:
@@ -125,13 +116,11 @@ class SyntheticEngine:
         first.choices = [choice(i) for i in range(1, req.n)]
         return first
 
+    def discard(self, gen: _Generation) -> None:
+        pass  # holds nothing to free
+
     def submit(self, gen: _Generation) -> None:
-        with self._cv:
-            if self.broken:
-                raise APIError(f"The model engine is unavailable: {self.broken}", status=503, type="server_error",
-                               code="engine_unavailable")
-            self._waiting.append(gen)
-            self._cv.notify()
+        self._enqueue(gen)
 
     def cancel(self, request_id: str) -> None:
         with self._cv:
@@ -144,10 +133,17 @@ class SyntheticEngine:
     def detokenize(self, tokens: list[int]) -> str:
         for i, token in enumerate(tokens):
             if not 0 <= token < 256 + SPECIAL:
-                raise invalid_request(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
-                                      f"`{self.spec.id}` (ids 0 to {256 + SPECIAL - 1}).", param=f"tokens[{i}]",
-                                      code="invalid_token")
+                raise bad_input(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
+                                f"`{self.spec.id}` (ids 0 to {256 + SPECIAL - 1}).", f"tokens[{i}]", "invalid_token")
         return bytes(t - SPECIAL for t in tokens if t >= SPECIAL).decode("utf-8", errors="replace")
+
+    def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
+        if images:
+            raise bad_input(f"Model `{self.spec.id}` takes no images (it is synthetic).", "images", "images_unsupported")
+        return len(self.tokenize(prompt))
+
+    def load_adapter(self, name: str, path: str) -> Any:
+        raise ValueError(f"model `{self.spec.id}` is synthetic: it takes no adapters")
 
     @property
     def waiting(self) -> int:
@@ -163,55 +159,40 @@ class SyntheticEngine:
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
                     "synthetic": True}
 
-    def healthy(self) -> bool:
-        return self.broken is None and self._thread.is_alive()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
     # -- the clock ---------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _loop(self) -> None:
         # When the last step's tokens came out; None after an idle wait. A step's measured duration
         # includes the host's share of it (on the GPU it was measured on too), so the work between two
         # steps here (making and publishing the events, admitting) is slept less, not on top: the clock
         # keeps the measured rate unless that work alone takes longer than a step.
         last_out: float | None = None
-        try:
-            while True:
-                with self._cv:
-                    if not (self._closing or self._waiting or self._running):
-                        last_out = None
-                    while not (self._closing or self._waiting or self._running):
-                        self._cv.wait()
-                    if self._closing:
-                        break
-                    cancelled, self._cancelled = self._cancelled, set()
-                    admitted = self._admit()
-                self._running = [g for g in self._running if g.req.request_id not in cancelled]
-                started = last_out if last_out is not None else time.perf_counter()
-                decoding = [g for g in self._running if not g.prefill_left]
-                prefill = sum(g.prefill_left for g in admitted)
-                duration = prefill / self.rates.prefill_tokens_per_s + (self.rates.step_s(len(decoding))
-                                                                         if decoding else 0.0)
-                time.sleep(max(0.0, started + duration - time.perf_counter()))
-                last_out = time.perf_counter()
-                self._publish(self._step(admitted, decoding))
-                self.steps += 1
-                elapsed = last_out - started
-                self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
-        except BaseException as exc:  # noqa: BLE001 - report, never vanish
-            log.exception("synthetic engine thread died")
-            self.broken = f"decode loop failed: {exc}"
-        finally:
-            self.broken = self.broken or "engine closed"
+        while True:
             with self._cv:
-                held, self._waiting, self._running = [*self._waiting, *self._running], deque(), []
-            err = APIError("The model engine stopped.", status=503, type="server_error", code="engine_unavailable")
-            self._publish([(g.sink, Failed(err)) for g in held])
+                if not (self._closing or self._waiting or self._running):
+                    last_out = None
+                while not (self._closing or self._waiting or self._running):
+                    self._cv.wait()
+                if self._closing:
+                    return
+                cancelled, self._cancelled = self._cancelled, set()
+                admitted = self._admit()
+            self._running = [g for g in self._running if g.req.request_id not in cancelled]
+            started = last_out if last_out is not None else time.perf_counter()
+            decoding = [g for g in self._running if not g.prefill_left]
+            prefill = sum(g.prefill_left for g in admitted)
+            duration = prefill / self.rates.prefill_tokens_per_s + (self.rates.step_s(len(decoding))
+                                                                     if decoding else 0.0)
+            time.sleep(max(0.0, started + duration - time.perf_counter()))
+            last_out = time.perf_counter()
+            self._publish(self._step(admitted, decoding))
+            self.steps += 1
+            elapsed = last_out - started
+            self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._cv:
+            held, self._waiting, self._running = [*self._waiting, *self._running], deque(), []
+        self._publish([(g.sink, Failed(error)) for g in held])
 
     def _admit(self) -> list[_Generation]:
         admitted = []

@@ -54,8 +54,8 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     prompt = chat_prompt(spec, tools, template_kwargs={**(template_variables(req) or {}), **(template_kwargs or {})} or None)
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
-    gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt, max_tokens=req.completion_limit,
-                            stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k,
+    gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt,
+                            max_tokens=completion_limit(req.completion_limit, spec), stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k,
                             return_tokens=tools.parser is not None and spec.tool_continuation_rounds > 0,
                             max_logprob_entries=limits.max_logprob_entries)
     return GenerationPlan(req, spec, gen, fmt, tools.parser)
@@ -134,6 +134,12 @@ def check_model_limits(req: ChatCompletionRequest, spec: ModelSpec, images: bool
                                       param=f"messages[{i}].content[{j}].type", code="unsupported_content")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     check_completion_limit(req.completion_limit, param, spec)
+
+
+def completion_limit(asked: int | None, spec: ModelSpec) -> int | None:
+    """The completion's token limit the engine gets: the request's, else the model's `default_max_tokens`
+    (None: neither, and the engine generates until the context is full)."""
+    return asked if asked is not None else spec.default_max_tokens
 
 
 def check_completion_limit(asked: int | None, param: str, spec: ModelSpec) -> None:

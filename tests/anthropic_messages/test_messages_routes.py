@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 
 from app.api.errors import overloaded, payload_too_large
 from app.config.settings import Limits
-from app.engine.stream import generate_stream
 from app.engine.jobs import TokenizeJob
+from tests.support.engine_errors import mapped_stream
 from app.http.auth import KeyChecker
 from app.http.server import ServerSettings, build_http_app, model_cards
 from app.serving.processing import Processor
@@ -32,7 +32,7 @@ class EngineModels:
         self.engine = engine
 
     def generate(self, model_id, gen):
-        return generate_stream(self.engine, gen, 0)
+        return mapped_stream(self.engine, gen, 0)
 
     async def run(self, model_id, job):
         if isinstance(job, TokenizeJob):

@@ -15,7 +15,7 @@ from app.chat import ChatService
 from app.generation.images import load_images
 from app.config.settings import Limits
 from app.engine.params import IMAGE_MARKER
-from app.engine.stream import generate_stream
+from tests.support.engine_errors import mapped_stream
 from app.prompt import content_marks
 from tests.support.events import run_until_idle as run
 
@@ -45,7 +45,7 @@ def service(spec, engine, seen=None) -> ChatService:
     async def open_stream(model_id, gen):
         if seen is not None:
             seen.append(gen)
-        async for batch in generate_stream(engine, gen, 0):
+        async for batch in mapped_stream(engine, gen, 0):
             yield batch
     return ChatService([spec], open_stream)
 

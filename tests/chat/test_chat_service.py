@@ -15,7 +15,7 @@ from app.chat import ChatService
 from app.generation.plan import sampling_from
 from app.engine import GenerationRequest
 from app.engine.events import Finished, Started, Text
-from app.engine.stream import generate_stream
+from tests.support.engine_errors import mapped_stream
 from app.prompt.chat_template import render_prompt
 from tests.support.events import run_until_idle as run
 from tests.support.openapi_spec import assert_valid
@@ -37,7 +37,7 @@ def service(bundled_spec, engine, opened) -> ChatService:
     async def open_stream(model_id: str, gen: GenerationRequest):
         opened.append((model_id, gen))
         assert model_id == bundled_spec.id
-        async for batch in generate_stream(engine, gen, 0):
+        async for batch in mapped_stream(engine, gen, 0):
             yield batch
 
     return ChatService([bundled_spec], open_stream)

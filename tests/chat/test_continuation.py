@@ -20,7 +20,7 @@ from app.generation.tally import ReplyTally
 from app.config.settings import Limits
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
-from app.engine.stream import generate_stream
+from tests.support.engine_errors import mapped_stream
 from app.prompt.tool_calling import resolve_reply_format
 from tests.support.events import EventBox, run_until_idle, wait_idle
 from tests.support.grammars import gbnf
@@ -109,7 +109,7 @@ def test_a_forced_call_cut_by_max_tokens_is_continued_on_the_engine(engine, bund
 
     async def open_stream(model_id, gen):
         opened.append(gen)
-        async for batch in generate_stream(engine, gen, 0):
+        async for batch in mapped_stream(engine, gen, 0):
             yield batch
 
     svc = ChatService([bundled_spec], open_stream)

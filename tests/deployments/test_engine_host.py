@@ -44,9 +44,9 @@ class StuckEngine:
         self.cancelled.append(request_id)
 
 
-def host_with(engine) -> EngineHost:
+def host_with(engine, kind: str = "chat") -> EngineHost:
     host = object.__new__(EngineHost)  # no Ray replica context: set what generate() reads
-    host.spec = SimpleNamespace(id="m", n_seq_max=1, stream_interval_ms=0)
+    host.spec = SimpleNamespace(id="m", kind=kind, n_seq_max=1, stream_interval_ms=0)
     host.engine, host.unavailable = engine, None
     host.gauges = SimpleNamespace(cache_hit=lambda: None)
     host._gauge_task = object()
@@ -96,7 +96,7 @@ def test_embedding_requests_count_against_the_same_bound():
             return Future()
 
     engine = StuckEmbedder()
-    host = host_with(engine)
+    host = host_with(engine, kind="embedding")
 
     async def go():
         bound = WAITING_PER_SLOT * host.spec.n_seq_max

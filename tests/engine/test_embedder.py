@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.api.errors import APIError
+from app.engine.errors import EngineError
 from app.engine.embedder import EmbeddingEngine, finish_vector
 from app.engine.params import EmbeddingJob
+from tests.support.engine_errors import client_error
 
 TEXTS = (
     "A man is eating food.",
@@ -103,11 +104,11 @@ def test_client_text_never_becomes_a_control_token(embedder):
 
 def test_an_input_past_the_context_is_refused_naming_it(embedder):
     long = "word " * 600
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(job("short", long))
     assert err.value.status == 400 and err.value.param == "input[1]"
     assert err.value.code == "context_length_exceeded" and "512" in err.value.message
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(job(long, single=True))
     assert err.value.param == "input"
 
@@ -118,7 +119,7 @@ def test_truncation_keeps_the_last_tokens(embedder):
     assert len(tokens) == 512
     assert tokens == embedder.tokenize(long)[-512:]
     assert len(embedder.prepare(job(long, truncate=100))[0]) == 100
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(job(long, truncate=513))
     assert err.value.param == "truncate_prompt_tokens"
     result = embedder.embed_now(job(long, "short", truncate=-1))
@@ -126,17 +127,17 @@ def test_truncation_keeps_the_last_tokens(embedder):
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(embedder):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(job((101, 7592), (101, 30522, 102)))
     assert err.value.param == "input[1]" and err.value.code == "invalid_token"
-    with pytest.raises(APIError):
+    with pytest.raises(EngineError):
         embedder.prepare(job((-1,)))
 
 
 def test_the_total_token_budget_is_checked(embedder):
     n = len(embedder.tokenize(TEXTS[0]))
     assert len(embedder.prepare(job(TEXTS[0], TEXTS[0], max_total_tokens=2 * n))) == 2
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(job(TEXTS[0], TEXTS[0], TEXTS[0], max_total_tokens=2 * n))
     assert err.value.code == "too_many_tokens" and "input[2]" in err.value.message
 

@@ -22,9 +22,11 @@ from app.prompt.chat_template import render_prompt
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Event, Failed, Finished, Started, Text
 from app.engine.stream import generate_stream
-from app.api.errors import APIError
+from app.api.errors import as_api_error
+from app.engine.errors import ContextExceeded, bad_input
 from tests.support.events import assert_same_distribution, run_until_idle as run
 from tests.support.grammars import gbnf
+from tests.support.engine_errors import client_error
 
 # A hung engine must fail the test, not stall the run (pytest-timeout; generous for busy CPUs).
 pytestmark = pytest.mark.timeout(300)
@@ -180,7 +182,7 @@ def test_prompt_longer_than_context_rejected_by_prepare(engine):
     calls, sink = _recording_sink()
     long_prompt = "hello " * 1100
     before = engine.stats()
-    with pytest.raises(APIError) as info:
+    with client_error() as info:
         engine.prepare(request(long_prompt, None), sink)
     err = info.value
     assert err.status == 400
@@ -197,7 +199,7 @@ def test_prompt_longer_than_context_rejected_by_prepare(engine):
 def test_prompt_plus_max_tokens_over_context(engine, short):
     calls, sink = _recording_sink()
     n = len(engine.llama.tokenize(short))
-    with pytest.raises(APIError) as info:
+    with client_error() as info:
         engine.prepare(request(short, 1024 - n + 1), sink)
     assert info.value.status == 400
     assert info.value.code == "context_length_exceeded"
@@ -211,7 +213,7 @@ def test_prompt_plus_max_tokens_over_context(engine, short):
 
 def test_context_error_through_generate_stream(engine):
     async def go():
-        with pytest.raises(APIError) as info:
+        with client_error() as info:
             await generate(engine, request("word " * 1100, 4))
         return info.value
     err = run(engine, go())
@@ -223,7 +225,7 @@ def test_context_error_through_generate_stream(engine):
 @pytest.mark.parametrize("grammar", ['root ::= ("a"', "nonsense", 'other ::= "x"'])
 def test_malformed_grammar_is_400_and_engine_keeps_serving(engine, short, grammar):
     async def go():
-        with pytest.raises(APIError) as info:
+        with client_error() as info:
             await generate(engine, request(short, 4, grammar=grammar))
         return info.value
     err = run(engine, go())
@@ -420,8 +422,12 @@ def test_generation_request_and_events_cross_a_ray_hop_as_they_are():
     assert again == req and isinstance(again.sampling, SamplingParams)
     for event in (Started(3, 1), Text("a", 1), Finished("stop", 3, 1, 1)):
         assert pickle.loads(pickle.dumps(event)) == event
-    failed = pickle.loads(pickle.dumps(Failed(APIError("x", status=400, code="c"))))
-    assert isinstance(failed, Failed) and failed.error.code == "c"
+    failed = pickle.loads(pickle.dumps(Failed(bad_input("x", "grammar", "c"))))
+    assert isinstance(failed, Failed) and (failed.error.kind, failed.error.subject, failed.error.code) == (
+        "bad_input", "grammar", "c")
+    api = as_api_error(pickle.loads(pickle.dumps(Failed(ContextExceeded(64, 60, 10)))).error)
+    assert (api.status, api.param, api.code) == (400, "messages", "context_length_exceeded")
+    assert api.message == as_api_error(ContextExceeded(64, 60, 10)).message
 
 
 # ---- logit_bias --------------------------------------------------------------------------------
@@ -444,7 +450,7 @@ def test_logit_bias_forces_and_bans_tokens(engine, short):
 def test_a_grammar_no_token_satisfies_fails_the_request_not_the_engine(engine, short, temperature):
     # llama.cpp parses this grammar, but its only character class excludes every character: without
     # the check, llama.cpp throws through its C API (std::terminate) and the replica dies.
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         run(engine, generate(engine, request(short, max_tokens=4, temperature=temperature,
                                              grammar=gbnf("root ::= [^\\x00-\\U0010FFFF]"))))
     assert err.value.status == 400 and err.value.code == "grammar_unsatisfiable"

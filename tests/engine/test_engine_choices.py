@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from app.api.errors import APIError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, PromptLogprobs, Started, Text
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
+from tests.support.engine_errors import client_error
 
 
 def _run(engine, req: GenerationRequest) -> EventBox:
@@ -55,7 +55,7 @@ def test_greedy_choices_agree(engine, bundled_spec):
 
 
 def test_more_choices_than_slots_is_a_400(engine, bundled_spec):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(GenerationRequest("big", "hi", max_tokens=4, n=bundled_spec.n_seq_max + 1), EventBox())
     assert err.value.status == 400 and err.value.param == "n"
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.errors import APIError
+from app.api.errors import as_api_error
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Failed, Finished
 from tests.support.events import EventBox
+from tests.support.engine_errors import client_error
 
 
 def test_decode_crash_marks_engine_unhealthy_and_fails_requests(bundled_spec, monkeypatch):
@@ -23,9 +24,9 @@ def test_decode_crash_marks_engine_unhealthy_and_fails_requests(bundled_spec, mo
         box = EventBox()
         eng.submit(eng.prepare(GenerationRequest(request_id="r1", prompt="hello", max_tokens=4), box))
         assert box.wait(10)
-        assert isinstance(box.last, Failed) and isinstance(box.last.error, APIError) and box.last.error.status == 503
+        assert isinstance(box.last, Failed) and as_api_error(box.last.error).status == 503
         assert not eng.healthy() and "device lost" in eng.broken
-        with pytest.raises(APIError) as info:  # nothing new is accepted by a dead engine
+        with client_error() as info:  # nothing new is accepted by a dead engine
             eng.submit(eng.prepare(GenerationRequest(request_id="r2", prompt="hello", max_tokens=4), box))
         assert info.value.status == 503
     finally:

@@ -9,7 +9,6 @@ import uuid
 
 import pytest
 
-from app.api.errors import APIError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.engine.params import IMAGE_MARKER, ImageInput
@@ -19,6 +18,7 @@ from app.prompt.content_marks import OPEN
 from tests.support.events import EventBox
 from tests.support.tiny_mmproj import IMAGE_TOKENS
 from tests.support.waiting import wait_for
+from tests.support.engine_errors import client_error
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -120,7 +120,7 @@ def test_cancelled_and_failed_image_requests_leave_nothing_behind(vision, bundle
                                                 images=[image((9, 9, 9))]), EventBox())
     assert vision.stats()["images_held"] >= 1
     vision.discard(prepared)
-    with pytest.raises(APIError) as err:  # two places, one image: the renderer's bug, a 500
+    with client_error() as err:  # two places, one image: the renderer's bug, a 500
         vision.prepare(GenerationRequest(request_id="x", prompt=prompt(bundled_spec).replace(
             IMAGE_MARKER, IMAGE_MARKER * 2), images=[image((1, 1, 1))]), EventBox())
     assert err.value.status == 500
@@ -130,7 +130,7 @@ def test_cancelled_and_failed_image_requests_leave_nothing_behind(vision, bundle
 
 
 def test_a_model_without_projector_refuses_images(engine, bundled_spec):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(GenerationRequest(request_id="x", prompt=prompt(bundled_spec), images=[image((0, 0, 0))]),
                        EventBox())
     assert (err.value.status, err.value.code) == (400, "images_unsupported")
@@ -141,14 +141,14 @@ def test_a_typed_marker_stays_text(vision, bundled_spec):
     typed = prompt(bundled_spec, f"What does {IMAGE_MARKER} mean?", image_first=False)
     plain = finished(run(vision, typed, cache_prompt=False))
     assert plain.prompt_tokens == len(vision.llama.tokenize_prompt(typed))
-    with pytest.raises(APIError) as err:  # the typed marker is no image place
+    with client_error() as err:  # the typed marker is no image place
         vision.prepare(GenerationRequest(request_id="x", prompt=typed, images=[image((0, 0, 0))]), EventBox())
     assert err.value.status == 500
     assert idle(vision)["images_held"] == 0
 
 
 def test_prompt_logprobs_with_images_are_refused(vision, bundled_spec):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         vision.prepare(GenerationRequest(request_id="x", prompt=prompt(bundled_spec), images=[image((0, 0, 0))],
                                          prompt_logprobs=True), EventBox())
     assert (err.value.status, err.value.code) == (400, "images_unsupported")

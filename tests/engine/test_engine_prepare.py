@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from app.api.errors import APIError
+from app.engine.errors import EngineError
 from app.engine import GenerationRequest, SamplingParams
 from app.engine import engine as engine_mod
 from app.engine.events import Finished
@@ -21,6 +21,7 @@ from app.engine.stream import generate_stream
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox, run_until_idle, wait_idle
 from tests.support.grammars import gbnf
+from tests.support.engine_errors import client_error
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -79,7 +80,7 @@ def test_sampler_chains_are_built_in_prepare_never_on_the_decode_thread(engine, 
 
 
 def test_a_malformed_grammar_is_refused_before_anything_is_queued(engine, bundled_spec):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(_request(_prompt(bundled_spec, "hi"), 4, n=2, grammar='root ::= ("a"'), EventBox())
     assert (err.value.status, err.value.param, err.value.code) == (400, "grammar", "invalid_grammar")
     assert engine.stats()["waiting"] == 0
@@ -170,14 +171,14 @@ def test_a_prompt_whose_size_proves_it_too_long_is_refused_without_tokenizing(en
     monkeypatch.setattr(engine.llama, "tokenize_prompt", no_tokenizing)
     huge = "word " * (1 << 20)  # 5 MiB
     t0 = time.perf_counter()
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(_request(huge, None), EventBox())
     assert time.perf_counter() - t0 < 1.0
     e = err.value
     assert (e.status, e.param, e.code) == (400, "messages", "context_length_exceeded")
     assert "1024" in e.message and "at least" in e.message
     # prompt plus completion: the same
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(_request("w" * (1000 * engine.llama.longest_piece), 200), EventBox())
     assert err.value.code == "context_length_exceeded"
     assert engine.stats()["waiting"] == 0
@@ -207,13 +208,13 @@ def test_logprob_entries_past_the_share_are_a_400_naming_the_limit(engine):
     # exactly at the share: fine (scored prompt x 6 + 10 generated x 2 choices x 6)
     exact = (n + 10 * 2) * 6
     engine.discard(engine.prepare(_lp_request(text, 10, 5, exact, n=2, echo=True), EventBox()))
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(_lp_request(text, 10, 5, exact - 1, n=2, echo=True), EventBox())
     e = err.value
     assert (e.status, e.param, e.code) == (400, "logprobs", "logprobs_too_large")
     assert "max_logprob_entries" in e.message and str(exact) in e.message
     # without a max_tokens, the context left is what may be generated
-    with pytest.raises(APIError):
+    with pytest.raises(EngineError):
         engine.prepare(_lp_request(text, None, 0, 1024 - n - 1), EventBox())
     engine.discard(engine.prepare(_lp_request(text, None, 0, 1024 - n), EventBox()))
     # no logprobs asked: no bound
@@ -227,6 +228,6 @@ def test_a_long_scored_prompt_past_the_share_is_refused_without_tokenizing(engin
 
     monkeypatch.setattr(engine.llama, "tokenize_prompt", no_tokenizing)
     prompt = "x" * (engine.llama.longest_piece * 200)  # at least 200 tokens, within the context
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(_lp_request(prompt, 0, 20, 65536 // 128, echo=True), EventBox())
     assert err.value.code == "logprobs_too_large" and "at least" in err.value.message

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.errors import APIError
 from app.engine import GenerationRequest
 from app.prompt.chat_template import render_prompt
+from tests.support.engine_errors import client_error
 
 TEXT = "Plain text, with accents (héllo), CJK (日本語) and spaces  twice."
 
@@ -35,6 +35,6 @@ def test_add_special_false_never_adds_bos(engine):
 
 @pytest.mark.parametrize("bad", [-1, 49152, 2**40])
 def test_out_of_vocabulary_is_a_400_naming_the_place(engine, bad):
-    with pytest.raises(APIError) as info:
+    with client_error() as info:
         engine.detokenize([1, 2, bad])
     assert (info.value.status, info.value.param, info.value.code) == (400, "tokens[2]", "invalid_token")

@@ -11,12 +11,12 @@ import llama_cpp as L
 import numpy as np
 import pytest
 
-from app.api.errors import APIError
 from app.engine import SamplingParams
 from app.engine.constraint import Constraint, MaskWorker, grammar_tokenizer
 from app.engine.llama import Batch, LlamaModelContext, NoValidToken, SamplerChain, decode
 from app.prompt.chat_template import render_prompt
 from tests.support.grammars import gbnf
+from tests.support.engine_errors import client_error
 
 pytestmark = pytest.mark.model
 
@@ -115,7 +115,7 @@ def test_greedy_takes_the_most_likely_token_the_grammar_allows(llama, tokenizer,
 
 
 def test_a_grammar_no_token_can_start_is_refused_when_built(llama, tokenizer):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         SamplerChain(llama, SamplingParams(grammar=gbnf("root ::= [^\\x00-\\U0010FFFF]")), tokenizer)
     assert err.value.status == 400 and err.value.code == "grammar_unsatisfiable"
 

@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from app.api.errors import APIError
+from app.engine.errors import EngineError
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine import lora
 from app.engine.events import Failed, Finished
@@ -24,6 +24,7 @@ from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox
 from tests.support.waiting import wait_for
 from tools.make_lora import write_lora
+from tests.support.engine_errors import client_error
 
 
 @pytest.fixture(scope="session")
@@ -171,12 +172,12 @@ def test_a_file_that_is_no_adapter_is_refused(lora_engine, bundled_spec):
 
 
 def test_unknown_adapters_and_bad_scales_are_refused_before_queueing(lora_engine, prompt):
-    with pytest.raises(APIError) as unknown:
+    with client_error() as unknown:
         lora_engine.prepare(_request("unknown", prompt, [("nope", 1.0)]), EventBox())
     assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
     assert "`nope`" in unknown.value.message and lora_engine.spec.id in unknown.value.message
     for bad in ([("a1", float("nan"))], [("a1", 1.0), ("a1", 0.5)]):
-        with pytest.raises(APIError) as refused:
+        with client_error() as refused:
             lora_engine.prepare(_request("bad", prompt, bad), EventBox())
         assert refused.value.status == 400 and refused.value.param.startswith("lora["), refused.value
 
@@ -186,11 +187,11 @@ def test_an_unloaded_adapter_is_freed_once_unused_and_then_unknown(lora_engine, 
     adapter = lora_engine.load_adapter("brief", lora_files["a2"])
     prepared = lora_engine.prepare(_request("prepared", prompt, [("brief", 1.0)]), EventBox())
     assert lora_engine.unload_adapter("brief") and not lora_engine.unload_adapter("brief")
-    with pytest.raises(APIError) as gone:  # prepared before the unload, submitted after: refused, not run
+    with client_error() as gone:  # prepared before the unload, submitted after: refused, not run
         lora_engine.submit(prepared)
     assert gone.value.status == 404
     assert wait_for(lambda: not adapter.loaded, 30, every=0.05), "the unloaded adapter was never freed"
-    with pytest.raises(APIError):
+    with pytest.raises(EngineError):
         lora_engine.prepare(_request("after", prompt, [("brief", 1.0)]), EventBox())
     assert "brief" not in lora_engine.adapter_names()
     box = _run(lora_engine, _request("still-serving", prompt, [("a2", 1.0)], max_tokens=2))

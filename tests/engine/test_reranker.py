@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from app.api.errors import APIError
 from app.engine.embedder import EmbeddingEngine
 from app.engine.params import RerankJob
 from app.engine.rerank_format import TOKEN_NULL, Pair, PairVocab, format_pair
+from tests.support.engine_errors import client_error
 
 # Held-out pairs the tool measured with a wide margin (tools/minilm_reranker_gguf.py's docstring).
 QUERY = "What is the capital of Spain?"
@@ -88,18 +88,18 @@ def test_scores_batched_with_other_requests_equal_single_pair_scores(reranker):
 
 def test_a_pair_past_the_context_is_refused_naming_the_document_or_cut_when_asked(reranker):
     long = "word " * (reranker.n_ctx + 10)
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         rerank(reranker, QUERY, ANSWER, long)
     assert err.value.status == 400 and err.value.param == "documents[1]"
     assert err.value.code == "context_length_exceeded"
     cut = rerank(reranker, QUERY, ANSWER, long, truncate=-1)
     assert cut.prompt_tokens <= 2 * reranker.n_ctx
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         rerank(reranker, QUERY, ANSWER, ANSWER, max_total_tokens=20)
     assert err.value.param == "documents" and err.value.code == "too_many_tokens"
 
 
 def test_an_embedding_job_is_not_a_rerank_job(embedder):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         embedder.prepare(RerankJob(request_id="t", query="q", documents=("d",)))
     assert err.value.code == "unsupported_model"

@@ -14,7 +14,8 @@ from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
 from app.engine.synthetic import SyntheticEngine, SyntheticRates
 from app.engine.stream import publish_to_loops
-from app.api.errors import APIError
+from app.engine.errors import EngineError
+from tests.support.engine_errors import client_error
 
 
 @pytest.fixture
@@ -69,10 +70,10 @@ def test_stop_sequences_and_choices(engine):
 
 @pytest.mark.parametrize("field,param", [({"logprobs": 2}, "logprobs"), ({"prompt_logprobs": True}, "echo")])
 def test_what_it_cannot_do_is_a_400(engine, field, param):
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(GenerationRequest("x", "hi", max_tokens=4, **field), lambda ev: None)
     assert err.value.status == 400 and err.value.param == param
-    with pytest.raises(APIError) as err:
+    with client_error() as err:
         engine.prepare(GenerationRequest("g", "hi", sampling=SamplingParams(grammar='root ::= "a"')), lambda ev: None)
     assert err.value.param == "grammar"
 
@@ -80,7 +81,7 @@ def test_what_it_cannot_do_is_a_400(engine, field, param):
 def test_tokenizer_round_trips_any_text(engine):
     text = "Grüße, 🦙 <|im_start|>"
     assert engine.detokenize(engine.tokenize(text, add_special=False)) == text
-    with pytest.raises(APIError):
+    with pytest.raises(EngineError):
         engine.detokenize([10**6])
 
 

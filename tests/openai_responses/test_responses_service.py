@@ -11,7 +11,7 @@ import pytest
 from app.api.errors import APIError
 from app.engine import GenerationRequest
 from app.engine.jobs import TokenizeJob
-from app.engine.stream import generate_stream
+from tests.support.engine_errors import mapped_stream
 from app.openai_responses.schemas import (
     parse_input_tokens_request,
     parse_responses_request,
@@ -39,7 +39,7 @@ class Models:
 
     async def generate(self, model_id: str, gen: GenerationRequest):
         self.opened.append(gen)
-        async for batch in generate_stream(self.engine, gen, 0):
+        async for batch in mapped_stream(self.engine, gen, 0):
             yield batch
 
     async def run(self, model_id: str, job: TokenizeJob) -> list[int]:
