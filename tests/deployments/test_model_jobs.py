@@ -44,7 +44,7 @@ class Engine:
 
 def host_with(engine) -> EngineHost:
     host = object.__new__(EngineHost)  # no Ray replica context: set what the handlers read
-    host.spec = SimpleNamespace(id="m", n_seq_max=1)
+    host.spec = SimpleNamespace(id="m", n_seq_max=1, kind="chat")
     host.engine, host.unavailable = engine, None
     host._unstarted = 0
     return host
