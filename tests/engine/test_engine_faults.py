@@ -55,7 +55,7 @@ def test_a_sequence_llama_cpp_cannot_decode_fails_alone(bundled_spec, monkeypatc
             eng.submit(eng.prepare(GenerationRequest(request_id="bad", prompt="a zebra", max_tokens=3), bad))
             eng.submit(eng.prepare(GenerationRequest(request_id="good", prompt="hello", max_tokens=3), good))
         assert bad.wait(30) and good.wait(30)
-        assert isinstance(bad.last, Failed) and bad.last.error.status == 500
+        assert isinstance(bad.last, Failed) and as_api_error(bad.last.error).status == 500
         assert isinstance(good.last, Finished) and good.last.completion_tokens == 3
         assert seen == {"batches": 1, "alone": 1}
         assert eng.healthy() and eng.stats()["running"] == 0
