@@ -55,11 +55,7 @@ class LedgerActor:
 
     def record(self, batch: list[Any]) -> None:
         with self.lock:
-            for policy, model, usage, admitted in batch:
-                if admitted:
-                    self.ledger.release(policy)
-                if usage is not None:
-                    self.ledger.record(policy, model, usage)
+            self.ledger.settle_owed(batch)
             self.dirty = True
 
     def usage_report(self) -> dict[str, Any]:

@@ -60,11 +60,7 @@ class InProcessLedger:
         self.ledger.release(policy)
 
     async def record(self, batch: list[Owed]) -> None:
-        for policy, model, usage, admitted in batch:
-            if admitted:  # its settle did not arrive: the request is no longer in flight
-                self.ledger.release(policy)
-            if usage is not None:
-                self.ledger.record(policy, model, usage)
+        self.ledger.settle_owed(batch)
 
     async def usage_report(self) -> dict[str, Any]:
         return self.ledger.usage_report()

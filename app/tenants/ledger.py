@@ -215,6 +215,15 @@ class Ledger:
             self._charge(self._state(policy, self.clock()), usage)
         self._add_usage(policy.name, model, usage)
 
+    def settle_owed(self, batch: list[tuple[KeyPolicy, str, "Usage | None", bool]]) -> None:
+        """What replicas still owed (app/tenants/gate.py's Owed): requests they admitted that are over (their
+        settle was lost), and usage reported after the fact."""
+        for policy, model, usage, admitted in batch:
+            if admitted:
+                self.release(policy)
+            if usage is not None:
+                self.record(policy, model, usage)
+
     @staticmethod
     def _charge(state: _KeyState, usage: Usage) -> None:
         if state.tokens is not None:
