@@ -83,7 +83,8 @@ class MessagesService:
         return self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
 
     async def plan(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
-        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan)
+        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan,
+                                    caller)
 
     def reply(self, plan: GenerationPlan, stream: bool) -> MessagesReply:
         return MessagesReply(plan, stream)

@@ -83,7 +83,8 @@ class ChatService:
         return self.core.plan_chat(req, spec, scope)
 
     async def plan(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
-        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan)
+        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan,
+                                    caller)
 
     def reply(self, plan: GenerationPlan, stream: bool) -> ChatReply:
         return ChatReply(plan, stream)

@@ -206,9 +206,9 @@ class CompletionService:
         target = self.target(req)
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
         plan = await plan_off_loop(self.limits, self.make_plan, req, target.spec, scope, plan_attributes)
-        if target.adapters:
-            for gen in plan.gens:
-                gen.adapters = target.adapters
+        for gen in plan.gens:
+            gen.adapters = target.adapters or gen.adapters
+            gen.tenant, gen.weight = caller.tenant, caller.weight
         return plan
 
     def reply(self, plan: CompletionPlan, stream: bool) -> CompletionReply:

@@ -84,6 +84,10 @@ class GenerationRequest:
     # LoRA adapters to decode under, as (name, scale) pairs of adapters loaded on the model's engine
     # (LlamaEngine.load_adapter); () is the base model. A zero scale is the same as leaving the adapter out.
     adapters: tuple[tuple[str, float], ...] = ()
+    # Whose request this is, for the engine's fair share of slots (app/tenants/fair_share.py): the tenant's
+    # name ("" for a server without keys) and its priority's weight.
+    tenant: str = ""
+    weight: float = 1.0
 
     @property
     def prefix_scope(self) -> str:

@@ -14,7 +14,7 @@ from ..config.settings import Limits, ModelSpec
 from ..engine.events import Event
 from ..prompt.tool_calling import resolve_reply_format
 from .adapters import Target, served_target
-from .caller import Caller, cache_scope
+from .caller import ANONYMOUS, Caller, cache_scope
 from .choices import ChoiceSplitter, merge
 from .images import load_images
 from .lifecycle import plan_off_loop
@@ -57,7 +57,8 @@ class GenerationCore:
         return plan
 
     async def plan(self, req: RequestT, target: Target, scope: str,
-                   make_plan: Callable[[RequestT, ModelSpec, str], GenerationPlan]) -> GenerationPlan:
+                   make_plan: Callable[[RequestT, ModelSpec, str], GenerationPlan],
+                   caller: Caller = ANONYMOUS) -> GenerationPlan:
         """`make_plan(req, spec, scope)` (a protocol's request mapped and planned by `plan_chat`) off the event
         loop, within limits.grammar_timeout_s; then the target's adapters set and the images loaded (planning
         checked them): decoded here, so the model's replica receives pixels and never fetches anything."""
@@ -65,6 +66,7 @@ class GenerationCore:
         if target.adapters:
             plan.gen.adapters = target.adapters  # a continuation round copies plan.gen, adapters included
         plan.gen.images = await load_images(plan.req, self.limits)
+        plan.gen.tenant, plan.gen.weight = caller.tenant, caller.weight
         return plan
 
     def reader(self, plan: GenerationPlan) -> ReplyReader:

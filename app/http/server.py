@@ -396,7 +396,7 @@ class APIKeyMiddleware:
                 await error_response(unauthorized(), self.error_shape(path))(scope, receive, send)
                 return
             state = scope.setdefault("state", {})
-            state[CALLER_STATE] = Caller.with_key(found[0]) if found is not None else None
+            state[CALLER_STATE] = Caller.with_key(*found) if found is not None else None
             state[POLICY_STATE] = found[1] if found is not None else None
         await self.app(scope, receive, send)
 

@@ -122,7 +122,7 @@ class ResponsesService:
         turn = await self.turn(req, caller)
         try:
             chat = await self.core.plan(turn.chat, self.target(turn.chat), self.core.scope(caller, turn.chat.cache_salt),
-                                        self.make_plan)
+                                        self.make_plan, caller)
         except APIError as exc:
             raise responses_param(exc) from None
         return ResponsesPlan(chat, turn)

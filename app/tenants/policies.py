@@ -10,6 +10,7 @@ file is safe to show, and a leaked copy lets no one in) with its limits:
         token_budget: {tokens: 5000000, per: day}    # or per: month (UTC calendar)
         models: [smollm2, "smollm2:support"]          # a base id allows its adapters too
         priority: normal                  # high, normal or low: its weight in the fair share
+        admin: false                      # true: may call the admin routes
 
 Every field but `name` and `key_sha256` is optional (absent: no limit). Errors name the line they are on,
 so a file edited by hand on a live cluster is fixed where it is wrong."""
@@ -54,6 +55,9 @@ class KeyPolicy(BaseModel):
     token_budget: TokenBudget | None = None
     models: tuple[str, ...] | None = None
     priority: Literal["high", "normal", "low"] = "normal"
+    # May call the admin routes (load, unload and pin pooled models; every key's usage). Without keys the
+    # server has no admins to tell apart: its admin routes answer the local user (behind the browser guard).
+    admin: bool = False
 
     @field_validator("models", mode="before")
     @classmethod
