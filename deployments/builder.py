@@ -24,6 +24,7 @@ from .ingress import GraphIngress, SingleIngress
 from .llama_model import LlamaModel
 from .pool import LlamaPool
 from .response_store import response_store_actors
+from .tenant_ledger import ledger_actors
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -54,10 +55,9 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
         .bind(plan, [s for s in specs if s.pool == plan.name], parsed.tracing)
         for plan in pool_plans(parsed, specs)
     }
-    # The processing's deployment holds the Responses store (deployments/response_store.py), in both shapes.
-    processor = ChatProcessor.options(deployment_actors=response_store_actors(parsed.limits))
-    processor = processor.bind(specs, models, parsed.limits, parsed.auth.cache_isolation == "per_key", parsed.tracing,
-                               pools=pools)
+    # The processing's deployment holds the Responses store and the tenant ledger, in both shapes.
+    processor = ChatProcessor.options(deployment_actors=processing_actors(parsed))
+    processor = processor.bind(specs, models, parsed.limits, parsed.auth, parsed.tracing, pools=pools)
     return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing)
 
 
@@ -65,5 +65,11 @@ def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     """One Ingress replica that also renders prompts and runs the models' engines (and each pool's): it reserves
     what their LlamaModel and LlamaPool replicas would."""
     ingress = SingleIngress.options(**single_hosting_defaults(parsed),
-                                    deployment_actors=response_store_actors(parsed.limits))
+                                    deployment_actors=processing_actors(parsed))
     return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing, pool_plans(parsed, specs))
+
+
+def processing_actors(parsed: AppArgs) -> list[Any]:
+    """The deployment actors of the deployment that runs the processing: the Responses store
+    (deployments/response_store.py) and the tenant ledger (deployments/tenant_ledger.py)."""
+    return response_store_actors(parsed.limits) + ledger_actors(parsed.auth)

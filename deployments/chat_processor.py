@@ -10,7 +10,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config.settings import Limits, ModelSpec, TracingConfig, deployment_name
+from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig, deployment_name
 from app.observe import tracing
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
@@ -25,12 +25,13 @@ from .models import RemoteModels
 from .relay import relay
 from .replica import replica_info
 from .response_store import ActorResponseStore, store_enabled
+from .tenant_ledger import tenancy
 
 
 @serve.deployment(name="ChatProcessor", **copy.deepcopy(CHAT_PROCESSOR_DEFAULTS))
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
-                 per_key_cache: bool = True, tracing_config: TracingConfig | None = None, *,
+                 auth: AuthConfig, tracing_config: TracingConfig | None = None, *,
                  pools: dict[str, DeploymentHandle] | None = None) -> None:
         tracing.configure(tracing_config)
         handles, names = dict(models), {mid: deployment_name(mid) for mid in models}
@@ -40,8 +41,9 @@ class ChatProcessor:
                 names[spec.id] = pool_deployment_name(spec.pool)
         remote = traced_models(RemoteModels(handles), names)
         store = ActorResponseStore() if store_enabled(limits) else None
-        self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(), per_key_cache=per_key_cache,
-                                   response_store=store)
+        self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(),
+                                   per_key_cache=auth.cache_isolation == "per_key", response_store=store,
+                                   tenancy=tenancy(auth))
 
     # The two verbs, whatever the request asks: Processor dispatches on its type, so a new route adds nothing here.
     async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:

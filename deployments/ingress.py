@@ -43,6 +43,7 @@ from .pool import LocalPool
 from .pool_status import cluster_pool_states
 from .replica import replica_info
 from .response_store import ActorResponseStore, store_enabled
+from .tenant_ledger import tenancy
 
 logger = logging.getLogger("ray.serve")
 
@@ -122,7 +123,8 @@ class SingleIngress(_Front):
         self.models = LocalModels(hosts)
         store = ActorResponseStore() if store_enabled(limits) else None
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
-                              per_key_cache=auth.cache_isolation == "per_key", response_store=store)
+                              per_key_cache=auth.cache_isolation == "per_key", response_store=store,
+                              tenancy=tenancy(auth))
         self._serve(specs, limits, auth, processor, self._states)
 
     async def _states(self) -> dict[str, ModelState]:

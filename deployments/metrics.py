@@ -50,6 +50,14 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_prompt_tokens_total": ("counter", "Prompt tokens.", None, MODEL),
     "llamaray_completion_tokens_total": ("counter", "Generated tokens.", None, MODEL),
     "llamaray_cached_prompt_tokens_total": ("counter", "Prompt tokens reused from the KV cache.", None, MODEL),
+    "llamaray_tenant_requests_total": ("counter", "Requests by key (its name in the keys file) and model.", None,
+                                       ("key", "model")),
+    "llamaray_tenant_tokens_total": ("counter", "Tokens by key and model: prompt, cached (of the prompt), "
+                                     "completion.", None, ("key", "model", "kind")),
+    "llamaray_tenant_rate_limited_total": ("counter", "Requests refused by a key's limits (429), by reason: "
+                                           "requests, tokens, concurrency, budget.", None, ("key", "reason")),
+    "llamaray_tenant_ledger_degraded": ("gauge", "1 while the shared tenant ledger is unreachable and this replica "
+                                        "enforces each key's limits alone.", None, ()),
     "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, REPLICA),
     "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, REPLICA),
     "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, REPLICA),
@@ -112,6 +120,23 @@ class RayRequestObserver:
                             ("llamaray_cached_prompt_tokens_total", rec.cached_tokens)):
             if value:
                 metric(name).inc(value, model)
+        if rec.tenant:  # key names come from the keys file: as many series as keys x models, no more
+            key = {"key": rec.tenant, "model": rec.model}
+            metric("llamaray_tenant_requests_total").inc(1, key)
+            for kind, value in (("prompt", rec.prompt_tokens), ("cached", rec.cached_tokens),
+                                ("completion", rec.completion_tokens)):
+                if value:
+                    metric("llamaray_tenant_tokens_total").inc(value, {**key, "kind": kind})
+
+
+class TenantMetrics:
+    """The tenant gate's events (app/serving/tenancy.py TenantEvents) as metrics."""
+
+    def refused(self, tenant: str, reason: str) -> None:
+        metric("llamaray_tenant_rate_limited_total").inc(1, {"key": tenant, "reason": reason})
+
+    def degraded(self, degraded: bool) -> None:
+        metric("llamaray_tenant_ledger_degraded").set(1 if degraded else 0)
 
 
 class EngineGauges:

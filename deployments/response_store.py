@@ -24,19 +24,18 @@ the actor (one); the actor's methods are O(1) dictionary work, one at a time.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray import exceptions as ray_exc
-from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from app.api.errors import service_unavailable
 from app.config.settings import Limits
 from app.openai_responses.store import BoundedResponseStore, decode_entry, encode_entry
+
+from .actor_client import DeploymentActorClient
 
 log = logging.getLogger("ray.serve")
 
@@ -84,47 +83,23 @@ def response_store_actors(limits: Limits) -> list[DeploymentActorConfig]:
                                                "key_bytes": limits.response_store_key_bytes})]
 
 
-def _deployment_store() -> Any:
-    return serve.get_deployment_actor(STORE_ACTOR)
-
-
 class ActorResponseStore:
     """app.openai_responses.store.ResponseStore over the store actor of this replica's deployment. The actor
     is looked up again after it died (the controller recreates it under the same name); while it is being
     recreated, a call fails with a 503 `response_store_unavailable`."""
 
-    def __init__(self, lookup: Callable[[], Any] = _deployment_store) -> None:
-        self.lookup = lookup
-        self.actor: Any = None
+    def __init__(self, lookup: Callable[[], Any] | None = None) -> None:
+        self.actor = DeploymentActorClient(STORE_ACTOR, _unavailable, lookup)
 
     async def put(self, owner: str | None, response_id: str, entry: dict[str, Any]) -> bool:
-        return await self._call("put", owner, response_id, encode_entry(entry))
+        return await self.actor.call("put", owner, response_id, encode_entry(entry))
 
     async def get(self, owner: str | None, response_id: str) -> dict[str, Any] | None:
-        blob = await self._call("get", owner, response_id)
+        blob = await self.actor.call("get", owner, response_id)
         return None if blob is None else decode_entry(blob)
 
     async def delete(self, owner: str | None, response_id: str) -> bool:
-        return await self._call("delete", owner, response_id)
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        # Twice at most: a handle cached before the actor was recreated fails once, then is looked up anew.
-        for attempt in (1, 2):
-            try:
-                if self.actor is None:
-                    self.actor = await asyncio.to_thread(self._lookup)
-                return await getattr(self.actor, method).remote(*args)
-            except ray_exc.RayActorError as exc:  # dead or unreachable (ActorUnavailableError is one too)
-                self.actor = None
-                if attempt == 2:
-                    raise _unavailable(exc) from None
-        raise AssertionError("unreachable")
-
-    def _lookup(self) -> Any:
-        try:
-            return self.lookup()
-        except ValueError as exc:  # no actor of that name yet: the controller is recreating it
-            raise _unavailable(exc) from None
+        return await self.actor.call("delete", owner, response_id)
 
 
 def _unavailable(cause: BaseException) -> Exception:

@@ -1,5 +1,7 @@
-"""The cluster's tenant ledger (app/tenants/ledger.py): one Ledger in a deployment-scoped actor of the Ingress
-deployment, shared by every Ingress replica through `ActorLedger` (app/tenants/gate.py's SharedLedger).
+"""The cluster's tenant ledger (app/tenants/ledger.py): one Ledger in a deployment-scoped actor of the
+deployment that runs the processing (ChatProcessor in topology `graph`, the Ingress in `single`), shared by
+its replicas through `ActorLedger` (app/tenants/gate.py's SharedLedger). Made when keys come from a keys
+file, the only place limits can be set; without one, each replica counts usage in its own process.
 
 A deployment actor for the reasons deployments/response_store.py gives (made before the replicas, recreated
 by Serve's controller, gone with the app). Its usage and budgets are saved to `usage_snapshot` every few
@@ -8,20 +10,23 @@ redeploy; at most the last few seconds of usage are lost with the actor."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray import exceptions as ray_exc
-from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
+from app.config.settings import AuthConfig
+from app.serving.tenancy import Tenancy
+from app.tenants.gate import InProcessLedger, TenantGate
 from app.tenants.ledger import Ledger, Usage, Verdict
 from app.tenants.policies import KeyPolicy
 from app.tenants.snapshots import load_snapshot, save_snapshot
+
+from .actor_client import DeploymentActorClient
+from .metrics import TenantMetrics
 
 LEDGER_ACTOR = "tenant_ledger"
 SAVE_EVERY_S = 5.0
@@ -77,44 +82,53 @@ class LedgerActor:
                     self.dirty = True
 
 
-def ledger_actors(snapshot_url: str | None) -> list[DeploymentActorConfig]:
-    """The Ingress deployment's `deployment_actors`: the ledger (num_cpus 0: dictionary work per request)."""
+def shared_ledger(auth: AuthConfig) -> bool:
+    return auth.api_keys_file is not None
+
+
+def ledger_actors(auth: AuthConfig) -> list[DeploymentActorConfig]:
+    """The processing deployment's `deployment_actors`: the ledger (num_cpus 0: dictionary work per request),
+    when keys come from a file."""
+    if not shared_ledger(auth):
+        return []
     return [DeploymentActorConfig(name=LEDGER_ACTOR, actor_class=LedgerActor, actor_options={"num_cpus": 0},
-                                  init_kwargs={"snapshot_url": snapshot_url})]
+                                  init_kwargs={"snapshot_url": auth.usage_snapshot})]
+
+
+def tenancy(auth: AuthConfig) -> Tenancy:
+    """The processing's tenant gate: over the deployment's ledger actor (ledger_actors), or over a ledger in
+    this process when there is none."""
+    events = TenantMetrics()
+    shared = ActorLedger() if shared_ledger(auth) else InProcessLedger()
+    return Tenancy(TenantGate(shared, on_degraded=events.degraded), events)
 
 
 class ActorLedger:
     """app.tenants.gate.SharedLedger over the ledger actor of this replica's deployment; looked up again after
     it died. Failures are raised: the gate turns them into per-replica limits."""
 
-    def __init__(self, lookup: Callable[[], Any] = lambda: serve.get_deployment_actor(LEDGER_ACTOR)) -> None:
-        self.lookup = lookup
-        self.actor: Any = None
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        # Twice at most: a handle cached before the actor was recreated fails once, then is looked up anew.
-        for attempt in (1, 2):
-            try:
-                if self.actor is None:
-                    self.actor = await asyncio.to_thread(self.lookup)
-                return await getattr(self.actor, method).remote(*args)
-            except ray_exc.RayActorError:  # dead or unreachable (ActorUnavailableError is one too)
-                self.actor = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+    def __init__(self, lookup: Callable[[], Any] | None = None) -> None:
+        self.actor = DeploymentActorClient(LEDGER_ACTOR, _unreachable, lookup)
 
     async def admit(self, policy: KeyPolicy) -> Verdict:
-        return await self._call("admit", policy)
+        return await self.actor.call("admit", policy)
 
     async def settle(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
-        await self._call("settle", policy, model, usage)
+        await self.actor.call("settle", policy, model, usage)
 
     async def release(self, policy: KeyPolicy) -> None:
-        await self._call("release", policy)
+        await self.actor.call("release", policy)
 
     async def record(self, batch: list[Any]) -> None:
-        await self._call("record", batch)
+        await self.actor.call("record", batch)
 
     async def usage_report(self) -> dict[str, Any]:
-        return await self._call("usage_report")
+        return await self.actor.call("usage_report")
+
+
+class LedgerUnreachable(RuntimeError):
+    """The ledger actor is dead or not yet recreated."""
+
+
+def _unreachable(cause: BaseException) -> Exception:
+    return LedgerUnreachable(f"the tenant ledger is unreachable: {cause!r}")

@@ -327,6 +327,10 @@ class AuthConfig(BaseModel):
                                       "with their models, limits and budgets: docs/configuration.md), re-read when "
                                       "it changes")
     required: bool = Field(False, description="refuse to start a replica that loads no key (fail closed)")
+    usage_snapshot: str | None = Field(
+        None, description="where each key's usage and token budgets are saved every few seconds and read back "
+        "at start (a path or an fsspec URL: s3://, gs://...), so they outlive the ledger and a redeploy; unset: "
+        "kept only as long as the ledger lives (docs/configuration.md, Key policies)")
     cache_isolation: Literal["per_key", "shared"] = Field(
         "per_key", description="`per_key`: a prompt reuses cached prefixes (KV, prompt cache, prefix routing) only "
                                "of prompts sent with the same API key, so `cached_tokens` tells no caller what "

@@ -66,5 +66,5 @@ class EmbeddingService:
     async def complete(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         job = self.job(req)  # the client's errors, before anything is recorded (as for generations)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
-                                      lambda: self.engines.run(req.model, job))
+                                      lambda: self.engines.run(req.model, job), caller)
         return embedding_body(req.model, result, req.encoding_format)

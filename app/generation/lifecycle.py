@@ -80,7 +80,7 @@ def recording(observer: RequestObserver, record: Callable[[BaseException | None]
 
 
 async def pooled_request(observer: RequestObserver, protocol: str, model: str, limits: Limits,
-                         call: Callable[[], Awaitable[T]]) -> T:
+                         call: Callable[[], Awaitable[T]], caller: Caller = ANONYMOUS) -> T:
     """A request answered by one pooled pass of its model (embeddings, rerank): `call` within
     limits.request_timeout_s, recorded once with its input tokens (`prompt_tokens` of its result)."""
     done: list[Any] = []
@@ -96,7 +96,7 @@ async def pooled_request(observer: RequestObserver, protocol: str, model: str, l
         return RequestRecord(model=model, stream=False, status=status, error_code=code,
                              duration_s=time.monotonic() - started, ttft_s=None, itl_s=None,
                              prompt_tokens=done[0].prompt_tokens if done else 0, completion_tokens=0,
-                             cached_tokens=0, protocol=protocol)
+                             cached_tokens=0, protocol=protocol, tenant=caller.tenant)
 
     with recording(observer, record):
         try:
@@ -152,16 +152,17 @@ class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
         self.service = service
         self.observer = observer or NullObserver()
 
-    def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None) -> RequestRecord:
+    def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None,
+                caller: Caller) -> RequestRecord:
         rec = reply.record(self.service.protocol, stream, failure)
-        return replace(rec, adapter=target.label) if target.label else rec
+        return replace(rec, adapter=target.label, tenant=caller.tenant) if target.label or caller.tenant else rec
 
     async def complete(self, req: RequestT, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         service = self.service
         plan = await service.plan(req, caller)
         target = service.target(req)
         reply = service.reply(plan, False)
-        with recording(self.observer, lambda failure: self._record(target, reply, False, failure)):
+        with recording(self.observer, lambda failure: self._record(target, reply, False, failure, caller)):
             async for batch in service.events(plan, reply):
                 reply.read(batch)
             reply.check()
@@ -177,7 +178,7 @@ class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
         target = service.target(req)
         reply = service.reply(plan, True)
         kept = False
-        with recording(self.observer, lambda failure: self._record(target, reply, True, failure)):
+        with recording(self.observer, lambda failure: self._record(target, reply, True, failure, caller)):
             yield []
             async for batch in service.events(plan, reply):
                 out = reply.chunks(batch)

@@ -71,6 +71,11 @@ GET_RESPONSE = {"operationId": "getResponse", "parameters": _RESPONSE_ID, "respo
 DELETE_RESPONSE = {"operationId": "deleteResponse", "parameters": _RESPONSE_ID, "responses": {
     "200": {"description": "`{id, object: response, deleted: true}`", **_FOUND},
     "401": _ERROR, "404": _ERROR, "503": _ERROR}}
+USAGE = {"operationId": "getUsage", "responses": {
+    "200": {"description": "`keys`: each key's usage by model (requests; prompt, cached and completion tokens), "
+                           "requests in flight and token budget: every key for an admin key (or a server without "
+                           "keys), the caller's own otherwise", **_FOUND},
+    "401": _ERROR}}
 
 
 class DocumentedRoute(Protocol):

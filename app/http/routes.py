@@ -29,7 +29,8 @@ from ..openai_responses.schemas import (
     DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest, parse_input_tokens_request,
     parse_responses_request,
 )
-from .openapi import DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, Doc
+from ..serving.tenancy import UsageRequest
+from .openapi import DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, USAGE, Doc
 from .responses_sse import ResponsesStream
 from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSEDialect
 
@@ -133,6 +134,7 @@ ROUTES: tuple[Route, ...] = (
                   "(errors in Anthropic's shape)", "CreateMessageRequest", stream=True)),
     Route("/v1/messages/count_tokens", "POST", A, CountTokensRequest, parse_count_tokens_request,
           anthropic_error_body, Trace.INGRESS, doc=Doc("countMessageTokens", _COUNTED, "CountMessageTokensRequest")),
+    Route("/v1/usage", "GET", Handler.FROM_PATH, UsageRequest, lambda request: UsageRequest(), doc=USAGE),
     Route("/v1/models", "GET", Handler.LIST_MODELS, doc=LIST_MODELS),
     Route("/v1/models/{model_id:path}", "GET", Handler.GET_MODEL, doc=RETRIEVE_MODEL),
     Route("/health", "GET", Handler.HEALTH, doc=HEALTH),

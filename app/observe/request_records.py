@@ -22,6 +22,7 @@ class RequestRecord:
     protocol: str = "chat"      # the API that answered: "chat", "completions", "responses", "messages", "embeddings", "rerank"
     finish_reason: str | None = None  # the (first) choice's, when it finished
     adapter: str = ""           # the LoRA adapters it decoded under (names, comma-separated); "" the base model
+    tenant: str = ""            # the name of the key it was sent with (app/tenants/policies.py); "" without keys
 
 
 class RequestObserver(Protocol):

@@ -55,5 +55,5 @@ class RerankService:
     async def complete(self, req: RerankRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         job = self.job(req)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
-                                      lambda: self.engines.run(req.model, job))
+                                      lambda: self.engines.run(req.model, job), caller)
         return rerank_body(job.request_id, req.model, job.documents, result, req.top_n, req.return_documents)

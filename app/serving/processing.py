@@ -30,6 +30,7 @@ from ..openai_responses.store import BoundedResponseStore, ResponseStore
 from ..tokenize.service import TokenService
 from ..generation.caller import Caller
 from .models import Models
+from .tenancy import Tenancy, UsageRequest
 
 class Processing(Protocol):
     """Two verbs, whatever is asked: the request's type says what (a chat turn, a token count, a stored
@@ -52,24 +53,29 @@ class Answer:
     respond: Callable[[Any, Caller], Awaitable[dict[str, Any]]]
     stream: Callable[[Any, Caller], AsyncIterator[list[dict[str, Any]]]] | None = None
     protocol: str | None = None
+    metered: bool = False  # counted against its key's limits (app/serving/tenancy.py): what uses a model's time
 
 
-def generation(service: Any) -> Answer:
-    """A protocol's service: `complete`, `stream` if it has one, and its `protocol`."""
-    return Answer(service.complete, getattr(service, "stream", None), service.protocol)
+def generation(service: Any, metered: bool = True) -> Answer:
+    """A protocol's service: `complete`, `stream` if it has one, and its `protocol`. `metered`: False for a
+    count that takes no model time worth limiting (Responses' input_tokens)."""
+    return Answer(service.complete, getattr(service, "stream", None), service.protocol, metered)
 
 
 class Processor:
     """Processing over `models`: the registry of request types, each answered by its service. `response_store`:
     where Responses API responses are kept (None: in this process, within the limits' bounds; the deployments
-    pass the store actor that outlives replicas)."""
+    pass the store actor that outlives replicas). `tenancy`: each key's limits and usage (None: not counted)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True,
-                 response_store: ResponseStore | None = None) -> None:
+                 response_store: ResponseStore | None = None, tenancy: Tenancy | None = None) -> None:
         observer = observer or NullObserver()
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
+        self.tenancy = tenancy
+        if tenancy is not None:
+            observer = tenancy.observing(observer)
         self.models = models
         if response_store is None:
             response_store = BoundedResponseStore.from_limits(limits)
@@ -88,7 +94,7 @@ class Processor:
                 (ChatCompletionRequest, generation(chat)),
                 (CompletionRequest, generation(completions)),
                 (ResponsesRequest, generation(responses)),
-                (InputTokensRequest, generation(InputTokensService(responses, models))),
+                (InputTokensRequest, generation(InputTokensService(responses, models), metered=False)),
                 (MessagesRequest, generation(messages)),
                 (EmbeddingRequest, generation(EmbeddingService(specs, models, limits, observer))),
                 (RerankRequest, generation(RerankService(specs, models, limits, observer))),
@@ -96,8 +102,14 @@ class Processor:
                 (DetokenizeRequest, Answer(tokens.detokenize)),
                 (CountTokensRequest, Answer(MessageTokenCounter(specs, models, limits=limits).count)),
                 (StoredResponseRequest, Answer(stored.get)),
-                (DeleteResponseRequest, Answer(stored.delete))):
+                (DeleteResponseRequest, Answer(stored.delete)),
+                (UsageRequest, Answer(self._usage))):
             self.register(request_type, answer)
+
+    async def _usage(self, request: UsageRequest, caller: Caller) -> dict[str, Any]:
+        if self.tenancy is None:
+            return {"object": "usage", "keys": {}, "degraded": False}
+        return await self.tenancy.usage(request, caller)
 
     def register(self, request_type: type, answer: Answer) -> None:
         """`request_type` answered by `answer` from now on: a new route's whole processing side."""
@@ -111,7 +123,10 @@ class Processor:
 
     async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
         answer = self._answer(request)
-        work = answer.respond(request, caller)
+        if answer.metered and self.tenancy is not None:
+            work = self.tenancy.admitted(caller, answer.protocol or "", lambda: answer.respond(request, caller))
+        else:
+            work = answer.respond(request, caller)
         if answer.protocol is None or not tracing.current().enabled:
             return await work
         return await tracing.awaited_in(_span(answer.protocol, request, caller), work)
@@ -121,7 +136,11 @@ class Processor:
         if answer.stream is None:
             raise invalid_request(f"A {type(request).__name__} cannot be streamed: ask for the whole answer.",
                                   param="stream")
-        events = answer.stream(request, caller)
+        if answer.metered and self.tenancy is not None:
+            stream = answer.stream
+            events = self.tenancy.streamed(caller, answer.protocol or "", lambda: stream(request, caller))
+        else:
+            events = answer.stream(request, caller)
         if answer.protocol is None or not tracing.current().enabled:
             return events
         return tracing.stream_in(_span(answer.protocol, request, caller), events)

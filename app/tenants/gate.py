@@ -106,6 +106,9 @@ class TenantGate:
         self.local = Ledger()
         self.degraded = False
         self._unsent: list[Owed] = []
+        # Usage recorded for a key and not yet settled, by model: settled with the key's next finished ticket.
+        self._pending: dict[str, dict[str, Usage]] = {}
+        self._policies: dict[str, KeyPolicy] = {}  # each key's policy as last admitted (bounded by the keys file)
         self._flusher: asyncio.Task | None = None
 
     def _set_degraded(self, degraded: bool, why: BaseException | None = None) -> None:
@@ -120,6 +123,7 @@ class TenantGate:
         self.on_degraded(degraded)
 
     async def admit(self, policy: KeyPolicy) -> Ticket:
+        self._policies[policy.name] = policy
         if not policy.limited:
             return Ticket(policy, ADMITTED, "none")
         try:
@@ -157,6 +161,32 @@ class TenantGate:
         except Exception as exc:  # noqa: BLE001 - the usage is kept for a later batch
             self._set_degraded(True, exc)
             self._owe((policy, model, usage, True))
+
+    async def usage_report(self) -> dict[str, Any]:
+        """The shared ledger's report, once what this replica still owes it is sent (raises if unreachable)."""
+        await self.flush()
+        return await asyncio.wait_for(self.shared.usage_report(), self.timeout_s)
+
+    def used(self, tenant: str, model: str, usage: Usage) -> None:
+        """What one of a key's requests used (its record, however it ended: answered, failed, cut off by the
+        client). A limited key's usage is settled with its next finished ticket (one call returns the
+        request and its tokens); an unlimited key's is sent in the next batch."""
+        policy = self._policies.get(tenant)
+        if policy is None:
+            return  # a request no ticket was asked for (a count, a lookup): nothing to account
+        if not policy.limited:
+            self._owe((policy, model, usage, False))
+            return
+        self._pending.setdefault(tenant, {}).setdefault(model, Usage()).add(usage)
+
+    async def finish(self, ticket: Ticket) -> None:
+        """The request is over: settled with the usage its key's requests recorded meanwhile (usually its own;
+        under concurrency another's of the same key, which sums the same)."""
+        pending = list(self._pending.pop(ticket.policy.name, {}).items())
+        model, usage = pending[0] if pending else ("", None)
+        await self.settle(ticket, model, usage)
+        for model, usage in pending[1:]:
+            self._owe((ticket.policy, model, usage, False))
 
     def _owe(self, entry: Owed) -> None:
         self._unsent.append(entry)

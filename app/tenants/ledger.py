@@ -20,6 +20,10 @@ from .policies import KeyPolicy
 # A request that used more tokens than a minute's allowance puts the key in debt of at most one minute's
 # worth: it waits a minute at most, not hours, for one oversized reply.
 MAX_DEBT_MINUTES = 1.0
+# A request counted in flight longer than this is let go without its settle: the replica that admitted it
+# died. Longer than any request may run (limits.request_timeout_s, 300 s by default), so a live one is
+# never let go early, and a key never stays blocked on its concurrency limit by a lost replica.
+IN_FLIGHT_HOLD_S = 900.0
 
 
 @dataclass
@@ -120,7 +124,7 @@ class _KeyState:
     policy: KeyPolicy
     requests: Bucket | None = None
     tokens: Bucket | None = None
-    in_flight: int = 0
+    holds: list[float] = field(default_factory=list)  # when each request in flight is let go at the latest
     period: str = ""
     period_ends: float = 0.0
     budget_used: int = 0
@@ -147,6 +151,8 @@ class Ledger:
         for bucket in (state.requests, state.tokens):
             if bucket is not None:
                 bucket.refill(now)
+        if state.holds and state.holds[0] <= now:
+            state.holds = [t for t in state.holds if t > now]
         if policy.token_budget is not None and now >= state.period_ends:
             state.period, state.period_ends = period_of(policy.token_budget.per, now)
             state.budget_used = 0
@@ -165,7 +171,7 @@ class Ledger:
                 bucket.resize(float(capacity))
             setattr(state, name, bucket)
         if old is not None:
-            state.in_flight = old.in_flight
+            state.holds = old.holds
             if policy.token_budget is not None and old.policy.token_budget is not None \
                     and old.policy.token_budget.per == policy.token_budget.per:
                 state.period, state.period_ends, state.budget_used = old.period, old.period_ends, old.budget_used
@@ -180,12 +186,12 @@ class Ledger:
             return refusal
         if state.requests is not None:
             state.requests.take(1)
-        state.in_flight += 1
+        state.holds.append(now + IN_FLIGHT_HOLD_S)
         return Verdict(True, limits=self._limits(state))
 
     def _refusal(self, state: _KeyState, now: float) -> Verdict | None:
         policy = state.policy
-        if policy.max_concurrent is not None and state.in_flight >= policy.max_concurrent:
+        if policy.max_concurrent is not None and len(state.holds) >= policy.max_concurrent:
             return Verdict(False, "concurrency", 1.0, self._limits(state),
                            f"Too many requests in flight for this key: at most {policy.max_concurrent} at once.")
         budget = policy.token_budget
@@ -204,7 +210,7 @@ class Ledger:
     def settle(self, policy: KeyPolicy, model: str, usage: Usage) -> None:
         """A request admitted here is over: its tokens counted against the key's limits, its usage recorded."""
         state = self._state(policy, self.clock())
-        state.in_flight = max(0, state.in_flight - 1)
+        self._let_go(state)
         self._charge(state, usage)
         self._add_usage(policy.name, model, usage)
 
@@ -239,7 +245,12 @@ class Ledger:
         the model ran)."""
         state = self._keys.get(policy.name)
         if state is not None:
-            state.in_flight = max(0, state.in_flight - 1)
+            self._let_go(state)
+
+    @staticmethod
+    def _let_go(state: _KeyState) -> None:
+        if state.holds:
+            state.holds.pop(0)
 
     def _limits(self, state: _KeyState) -> dict[str, Limit]:
         limits = {}
@@ -256,7 +267,7 @@ class Ledger:
         for name, state in self._keys.items():
             budget = state.policy.token_budget
             entry = keys.setdefault(name, {"models": {}})
-            entry["in_flight"] = state.in_flight
+            entry["in_flight"] = len(state.holds)
             if budget is not None:
                 entry["budget"] = {"tokens": budget.tokens, "per": budget.per, "period": state.period,
                                    "used": state.budget_used}

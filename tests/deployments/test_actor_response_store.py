@@ -55,10 +55,10 @@ def test_a_dead_handle_is_looked_up_again():
     first, second = FakeActor(), FakeActor()
     actors = iter([first, second])
     store = ActorResponseStore(lambda: next(actors))
-    assert asyncio.run(store.get("a", "r")) is None and store.actor is first
+    assert asyncio.run(store.get("a", "r")) is None and store.actor.actor is first
     first.dead = True  # the controller replaced it: the next call reaches the new one
     assert asyncio.run(store.put("a", "r", {"response": {}})) is True
-    assert store.actor is second and second.calls[0][0] == "put"
+    assert store.actor.actor is second and second.calls[0][0] == "put"
 
 
 def test_a_store_being_recreated_is_a_503():

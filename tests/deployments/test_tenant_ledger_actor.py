@@ -12,6 +12,7 @@ from ray import exceptions as ray_exc
 from app.tenants.gate import TenantGate
 from app.tenants.ledger import Usage
 from app.tenants.policies import KeyPolicy, TokenBudget, key_hash
+from app.config.settings import AuthConfig
 from deployments.tenant_ledger import LEDGER_ACTOR, ActorLedger, LedgerActor, ledger_actors
 
 POLICY = KeyPolicy(name="team", key_sha256=key_hash("k"), requests_per_minute=2,
@@ -74,6 +75,7 @@ def test_the_gate_counts_per_replica_while_the_actor_is_gone() -> None:
     asyncio.run(run())
 
 
-def test_the_ingress_deployment_gets_the_ledger_actor() -> None:
-    [config] = ledger_actors("/tmp/usage.json")
+def test_the_processing_deployment_gets_the_ledger_actor_with_a_keys_file() -> None:
+    [config] = ledger_actors(AuthConfig(api_keys_file="/etc/keys.yaml", usage_snapshot="/tmp/usage.json"))
     assert config.name == LEDGER_ACTOR and config.init_kwargs == {"snapshot_url": "/tmp/usage.json"}
+    assert ledger_actors(AuthConfig()) == []  # keys from the environment only: no limits to share

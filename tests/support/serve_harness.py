@@ -52,6 +52,36 @@ def lora_dir() -> Path:
 
 _LORA_DIR: Path | None = None
 
+# Keys with policies in the shared clusters' keys file (app/tenants/policies.py), besides KEY_A and KEY_B (from
+# the environment, no limits). Each test that spends a key's limits has a key of its own, so no test spends
+# another's; each shape's cluster has a ledger of its own, so each starts with every limit unspent.
+TENANT_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rate": ("sk-test-rate-" + "r" * 20, {"requests_per_minute": 2}),
+    "rate-anthropic": ("sk-test-rana-" + "n" * 20, {"requests_per_minute": 1}),
+    "budget": ("sk-test-budg-" + "g" * 20, {"token_budget": {"tokens": 1, "per": "day"}}),
+    "admin": ("sk-test-admn-" + "m" * 20, {"admin": True}),
+}
+
+
+def keys_file() -> Path:
+    """This process's keys file for the shared clusters: TENANT_KEYS as policies, keys stored as hashes."""
+    global _KEYS_FILE
+    if _KEYS_FILE is None:
+        import tempfile
+
+        import yaml
+
+        from app.tenants.policies import key_hash
+
+        path = Path(tempfile.mkdtemp(prefix="llamaray-keys-")) / "keys.yaml"
+        entries = [{"name": name, "key_sha256": key_hash(key), **policy} for name, (key, policy) in TENANT_KEYS.items()]
+        path.write_text(yaml.safe_dump({"keys": entries}, sort_keys=False))
+        _KEYS_FILE = path
+    return _KEYS_FILE
+
+
+_KEYS_FILE: Path | None = None
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -252,7 +282,7 @@ def standard_config(shape: str) -> dict[str, Any]:
              "n_gpu_layers": 0, "dimensions": [128, 256]},
             {"id": RERANK_MODEL, "kind": "rerank", "model_path": reranker_gguf(), "n_seq_max": 16, "n_threads": 1,
              "n_gpu_layers": 0},
-        ], "auth": {"required": True},
+        ], "auth": {"required": True, "api_keys_file": str(keys_file())},
         # A small response store, so that a few big responses show one key's writes evicting only its own
         # (tests/graph/test_hostile_json_store.py); other tests store a few KB at a time.
         "limits": {"response_store_bytes": 8 * 1024 * 1024, "response_store_key_bytes": 2 * 1024 * 1024}},

@@ -162,3 +162,14 @@ def test_snapshots_round_trip_through_a_file_and_a_url(tmp_path) -> None:
     assert not [f for f in (tmp_path / "deep").iterdir() if f.name.startswith(".usage-")]
     (tmp_path / "bad.json").write_text("{not json")
     assert load_snapshot(str(tmp_path / "bad.json")) == {} and load_snapshot(str(tmp_path / "none.json")) == {}
+
+
+def test_a_request_never_settled_is_let_go_after_the_hold_so_its_key_is_not_blocked_forever() -> None:
+    from app.tenants.ledger import IN_FLIGHT_HOLD_S
+    now = [1000.0]
+    ledger = Ledger(clock=lambda: now[0])
+    p = KeyPolicy(name="team", key_sha256=key_hash("k"), max_concurrent=1)
+    assert ledger.admit(p).admitted
+    assert not ledger.admit(p).admitted  # the replica that admitted the first died: no settle comes
+    now[0] += IN_FLIGHT_HOLD_S + 1
+    assert ledger.admit(p).admitted
