@@ -63,6 +63,7 @@ def test_a_rebound_host_reaches_no_route_of_a_keyless_server(backend):
         refused(c.post("/v1/chat/completions", json=CHAT, headers={"Host": REBOUND}), 403, "host_not_allowed")
         # A GET the page makes same-origin after rebinding carries no Origin: the Host alone refuses it.
         refused(c.get("/v1/models", headers={"Host": REBOUND}), 403, "host_not_allowed")
+        refused(c.get("/v1/usage", headers={"Host": REBOUND}), 403, "host_not_allowed")
         refused(c.get("/health", headers={"Host": REBOUND}), 403, "host_not_allowed")
         r = c.post("/v1/messages/count_tokens", headers={"Host": REBOUND},
                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -115,6 +116,8 @@ def test_a_foreign_origin_is_refused_on_every_route(backend, keyless, origin):
                        headers={"Origin": origin, "Content-Type": "text/plain", **auth}), 403, "origin_not_allowed")
         refused(c.post("/v1/chat/completions", json=CHAT, headers={"Origin": origin, **auth}), 403, "origin_not_allowed")
         refused(c.get("/v1/models", headers={"Origin": origin, **auth}), 403, "origin_not_allowed")
+        # Every key's usage, on a keyless server: not for a page to read.
+        refused(c.get("/v1/usage", headers={"Origin": origin, **auth}), 403, "origin_not_allowed")
         # Its preflight gets no CORS headers either: the browser will not send the real request.
         refused(c.options("/v1/chat/completions", headers={
             "Origin": origin, "Access-Control-Request-Method": "POST",

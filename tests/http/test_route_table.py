@@ -17,7 +17,7 @@ OPERATIONS = {
     ("/v1/embeddings", "post"): "createEmbedding", ("/v1/rerank", "post"): "rerank", ("/rerank", "post"): "rerankAlias",
     ("/v2/rerank", "post"): "rerankV2", ("/tokenize", "post"): "tokenize", ("/detokenize", "post"): "detokenize",
     ("/v1/models", "get"): "listModels", ("/v1/models/{model_id}", "get"): "retrieveModel",
-    ("/health", "get"): "health",
+    ("/health", "get"): "health", ("/v1/usage", "get"): "getUsage",
 }
 
 
