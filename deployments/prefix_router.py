@@ -18,7 +18,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    FIFOMixin, MultiplexMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica,
+)
 from ray.util import metrics
 
 from app.engine.params import GenerationRequest
@@ -97,7 +99,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
             pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
-        routed = prompt_of(pending_request)
+        routed = self._routed(pending_request)
         if routed is None or len(candidate_replicas) == 1:
             # Not a generation, or nothing to choose: Serve takes the least loaded of the rank.
             return [candidate_replicas]
@@ -112,10 +114,13 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         # Serve calls this once the replica accepted the request (its rejection protocol, on for every
         # handle but a Ray Client's); without it nothing is recorded and the router goes by load.
-        routed = prompt_of(pending_request)
+        routed = self._routed(pending_request)
         if routed is not None:
             prompt, scope = routed
             self._prefix().record(prompt, replica_id, scope)
+
+    def _routed(self, pending_request: PendingRequest | None) -> tuple[str, str] | None:
+        return prompt_of(pending_request)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -124,3 +129,25 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._prefix().forget(replica_id)
+
+
+class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):
+    """A model pool's router (deployments/pool.py): Serve's multiplexed choice first (the replicas that hold the
+    request's model; past Serve's matching timeout, those holding the fewest models, then any: a cold load),
+    then the prefix choice among them. Of two replicas holding a popular model, a conversation's next turn
+    goes back to the one holding its KV."""
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None and pending_request.metadata.multiplexed_model_id:
+            holding = self.apply_multiplex_routing(pending_request=pending_request)
+            candidate_replicas = [r for r in candidate_replicas if r.replica_id in holding]
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+    def _routed(self, pending_request: PendingRequest | None) -> tuple[str, str] | None:
+        # Prefixes are matched per model: one prompt's KV under one model is nothing to another.
+        routed = prompt_of(pending_request)
+        if routed is None or pending_request is None:
+            return routed
+        prompt, scope = routed
+        return prompt, f"{pending_request.metadata.multiplexed_model_id}\0{scope}"

@@ -27,6 +27,8 @@ DEFAULT_MAX_REPLICAS = 4
 # The model deployments' request router (deployments/prefix_router.py) for `routing: prefix`, by the
 # import path Ray Serve resolves (a string: app/ never imports ray or deployments/).
 PREFIX_ROUTER_CLASS = "deployments.prefix_router:PrefixAffinityRouter"
+# A pool's: Serve's multiplexed choice (the replicas holding the model), then the prefix choice among them.
+POOL_ROUTER_CLASS = "deployments.prefix_router:PoolAffinityRouter"
 # What Ray Serve reserves for a replica whose ray_actor_options name no num_cpus.
 RAY_DEFAULT_NUM_CPUS = 1.0
 

@@ -13,7 +13,8 @@ from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
 from ..model_sources.gguf import GGUFError, read_metadata
 from ..pools.plan import MIB, PoolPlan, mib
 from .capacity import kv_cache_bytes
-from .placement import DEFAULT_MAX_REPLICAS, fits, ingress_hosting_defaults
+from ..routing.prefix_routing import max_chars_for
+from .placement import DEFAULT_MAX_REPLICAS, POOL_ROUTER_CLASS, fits, ingress_hosting_defaults
 
 
 def pool_deployment_name(pool: str) -> str:
@@ -92,17 +93,23 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
     """Options of `LlamaPool-<name>` without a block of its own, as a model deployment's
     (placement.model_deployment_defaults): CPUs for the most threads one of its models runs (loaded models
     share them), slots of max_models models, autoscaling between 1 and DEFAULT_MAX_REPLICAS replicas at about
-    3/4 of one model's slots busy. No prefix router: Serve's multiplexed routing sends a model's requests to
-    the replicas that hold it."""
+    3/4 of one model's slots busy. Requests go to the replicas that hold their model (Serve's multiplexed
+    routing) and, among those, to the one most likely holding their prompt's prefix (the pool router,
+    deployments/prefix_router.py), bounded like a model deployment's by one replica's slots."""
     members = [m for m in models if m.pool == pool.name]
     threads = max((m.n_threads or 1 for m in members), default=1)
     slots = max((m.n_seq_max for m in members), default=4)
     gpu = any(m.n_gpu_layers not in (None, 0) for m in members)
+    n_ctx = max((m.n_ctx for m in members), default=4096)
     return {
         "max_ongoing_requests": slots * pool.max_models,
         "autoscaling_config": {"min_replicas": 1, "max_replicas": DEFAULT_MAX_REPLICAS,
                                "target_ongoing_requests": max(1, math.ceil(slots * 3 / 4))},
         "ray_actor_options": {"num_cpus": float(threads), "num_gpus": 1 if gpu else 0},
+        "request_router_config": {
+            "request_router_class": POOL_ROUTER_CLASS,
+            "request_router_kwargs": {"max_chars": max_chars_for(slots * pool.max_models, n_ctx)},
+        },
     }
 
 

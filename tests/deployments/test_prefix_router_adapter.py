@@ -16,7 +16,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 
 from app.engine.jobs import CountPromptJob  # noqa: E402
 from app.engine.params import GenerationRequest  # noqa: E402
-from deployments.prefix_router import PrefixAffinityRouter, prompt_of  # noqa: E402
+from deployments.prefix_router import PoolAffinityRouter, PrefixAffinityRouter, prompt_of  # noqa: E402
 
 DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
 SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range(60))
@@ -25,9 +25,10 @@ SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range
 class StandIn:
     """What a router reads of a RunningReplica, plus the probe it answers."""
 
-    def __init__(self, name: str, ongoing: int = 0, capacity: int = 4) -> None:
+    def __init__(self, name: str, ongoing: int = 0, capacity: int = 4, models: tuple[str, ...] = ()) -> None:
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEP)
         self.ongoing, self.max_ongoing_requests, self.probes = ongoing, capacity, 0
+        self.multiplexed_model_ids = set(models)  # a pool replica's loaded models, as Serve reports them
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         self.probes += 1
@@ -46,8 +47,8 @@ def names(ranks) -> list[list[str]]:
     return [[r.replica_id.unique_id for r in rank] for rank in ranks]
 
 
-async def new_router(*replicas: StandIn, **kwargs) -> PrefixAffinityRouter:
-    router = PrefixAffinityRouter(deployment_id=DEP, handle_source=DeploymentHandleSource.REPLICA,
+async def new_router(*replicas: StandIn, router_class=PrefixAffinityRouter, **kwargs) -> PrefixAffinityRouter:
+    router = router_class(deployment_id=DEP, handle_source=DeploymentHandleSource.REPLICA,
                                   use_replica_queue_len_cache=True)
     router.initialize_state(**kwargs)
     router.update_replicas(list(replicas))
@@ -165,5 +166,29 @@ def test_an_adapter_set_goes_by_its_own_records_only():
             assert names(await router.choose_replicas([a, b], under(SYSTEM + " more", other))) == [["b"], ["a"]], other
         router.on_request_routed(under(SYSTEM, []), a.replica_id, None)
         assert names(await router.choose_replicas([a, b], under(SYSTEM + " more", [("a2", 0.0)]))) == [["a"], ["b"]]
+
+    asyncio.run(run())
+
+
+def for_model(model: str, prompt: str) -> PendingRequest:
+    return PendingRequest(args=[GenerationRequest(request_id="r", prompt=prompt)], kwargs={},
+                          metadata=RequestMetadata(request_id="p", internal_request_id="p", multiplexed_model_id=model))
+
+
+def test_a_pool_goes_to_the_replicas_holding_the_model_then_to_the_one_holding_the_prefix():
+    async def run():
+        a = StandIn("a", ongoing=0, models=("m1", "m3"))
+        b = StandIn("b", ongoing=1, models=("m1", "m3"))
+        c = StandIn("c", ongoing=0, models=("m2",))
+        router = await new_router(a, b, c, router_class=PoolAffinityRouter, min_match_chars=128)
+        turn1 = SYSTEM + "user: first question"
+        # Only the replicas holding m1, the less loaded first: never c, which would have to load it.
+        assert names(await router.choose_replicas([a, b, c], for_model("m1", turn1))) == [["a"], ["b"]]
+        router.on_request_routed(for_model("m1", turn1), b.replica_id, None)  # placed on b after all
+        turn2 = turn1 + " assistant: an answer. user: second question"
+        assert names(await router.choose_replicas([a, b, c], for_model("m1", turn2))) == [["b"], ["a"]]
+        # The same prompt under another model the same replicas hold: its KV is not there, so by load.
+        assert names(await router.choose_replicas([a, b, c], for_model("m3", turn2))) == [["a"], ["b"]]
+        assert names(await router.choose_replicas([a, b, c], for_model("m2", turn2))) == [["c"]]
 
     asyncio.run(run())
