@@ -36,8 +36,10 @@ class Doc:
     description: str
     schema: str
     stream: bool = False
+    statuses: tuple[int, ...] = ()  # its errors besides every route's (403 and 409 of the admin routes)
 
     def operation_object(self, errors: dict[str, Any]) -> dict[str, Any]:
+        errors = {**errors, **{str(code): _ERROR for code in self.statuses}}
         content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if self.stream:
             content["text/event-stream"] = {"schema": {"type": "string"}}
@@ -71,6 +73,12 @@ GET_RESPONSE = {"operationId": "getResponse", "parameters": _RESPONSE_ID, "respo
 DELETE_RESPONSE = {"operationId": "deleteResponse", "parameters": _RESPONSE_ID, "responses": {
     "200": {"description": "`{id, object: response, deleted: true}`", **_FOUND},
     "401": _ERROR, "404": _ERROR, "503": _ERROR}}
+
+# The admin routes (app/pools/admin.py): an admin key's only, else 403.
+ADMIN_MODELS = {"operationId": "listPooledModels", "responses": {
+    "200": {"description": "Each pooled model the key may use: its `state`, `pinned`, and `replicas` (each replica "
+                           "holding it, with its state and pin)", **_FOUND},
+    "401": _ERROR, "403": _ERROR, "503": _ERROR}}
 
 
 class DocumentedRoute(Protocol):

@@ -16,6 +16,10 @@ from .capacity import kv_cache_bytes
 from .placement import DEFAULT_MAX_REPLICAS, fits, ingress_hosting_defaults
 
 
+# The pool deployments' request router (deployments/pool_router.py), by the import path Ray Serve resolves.
+POOL_ROUTER_CLASS = "deployments.pool_router:PoolRouter"
+
+
 def pool_deployment_name(pool: str) -> str:
     """Name of a pool's deployment, as written in serve_config.yaml's `deployments:`."""
     return f"LlamaPool-{pool}"
@@ -93,7 +97,7 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
     (placement.model_deployment_defaults): CPUs for the most threads one of its models runs (loaded models
     share them), slots of max_models models, autoscaling between 1 and DEFAULT_MAX_REPLICAS replicas at about
     3/4 of one model's slots busy. No prefix router: Serve's multiplexed routing sends a model's requests to
-    the replicas that hold it."""
+    the replicas that hold it (POOL_ROUTER_CLASS: Serve's router, and an admin job to the replica it names)."""
     members = [m for m in models if m.pool == pool.name]
     threads = max((m.n_threads or 1 for m in members), default=1)
     slots = max((m.n_seq_max for m in members), default=4)
@@ -103,6 +107,7 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
         "autoscaling_config": {"min_replicas": 1, "max_replicas": DEFAULT_MAX_REPLICAS,
                                "target_ongoing_requests": max(1, math.ceil(slots * 3 / 4))},
         "ray_actor_options": {"num_cpus": float(threads), "num_gpus": 1 if gpu else 0},
+        "request_router_config": {"request_router_class": POOL_ROUTER_CLASS},
     }
 
 
