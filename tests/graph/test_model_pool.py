@@ -152,7 +152,8 @@ def test_admin_load_pin_survives_lru_pressure_then_unload(client):
     holders = {r["replica"] for r in pinned["replicas"]}
     # LRU pressure: the other models, twice each (max_models 2: the holders keep one place free).
     for model in (PINNED, "pool-b", "pool-d", PINNED, "pool-b", "pool-d"):
-        assert client.post("/v1/chat/completions", json=chat(model)).status_code == 200
+        r = client.post("/v1/chat/completions", json=chat(model))
+        assert r.status_code == 200, (model, r.text, client.get("/admin/models").text)
     listing = {c["id"]: c for c in client.get("/admin/models").json()["data"]}
     assert holders <= {r["replica"] for r in listing["pool-c"]["replicas"] if r["state"] == "loaded"}, listing
     unpinned = admin(client, "pin", model="pool-c", pinned=False)
