@@ -3,6 +3,7 @@ of its own between the Ingress and the models (topology `graph`), and its client
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from .error_mapping import call_mapped
 from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
 from .models import RemoteModels
+from .pool_status import running_replicas
 from .relay import relay
 from .replica import replica_info
 from .response_store import ActorResponseStore, store_enabled
@@ -41,9 +43,14 @@ class ChatProcessor:
                 names[spec.id] = pool_deployment_name(spec.pool)
         remote = traced_models(RemoteModels(handles), names)
         store = ActorResponseStore() if store_enabled(limits) else None
+        app = serve.get_replica_context().app_name
+
+        async def pool_replicas(pool: str) -> list[str]:  # the admin routes reach each of them by name
+            return await asyncio.to_thread(running_replicas, app, pool_deployment_name(pool))
+
         self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(),
                                    per_key_cache=auth.cache_isolation == "per_key", response_store=store,
-                                   tenancy=tenancy(auth))
+                                   tenancy=tenancy(auth), pool_replicas=pool_replicas)
 
     # The two verbs, whatever the request asks: Processor dispatches on its type, so a new route adds nothing here.
     async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:

@@ -64,7 +64,7 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_pool_loads_total": ("counter", "Models a pool replica loaded (outcome ok) or failed to load (failed).",
                                   None, ("pool", "model", "outcome")),
     "llamaray_pool_evictions_total": ("counter", "Models a pool replica unloaded: lru (to make room), idle "
-                                      "(idle_unload_s), shutdown.", None, ("pool", "model", "reason")),
+                                      "(idle_unload_s), admin (an unload route), shutdown.", None, ("pool", "model", "reason")),
     "llamaray_pool_load_seconds": ("histogram", "Time to load a pooled model.", _LATENCY_BUCKETS, ("pool",)),
     "llamaray_pool_loaded_models": ("gauge", "Models a pool replica holds (loaded or loading).", None, ("pool",)),
     "vllm_num_requests_running": ("gauge", "Requests in the engine's slots (each choice counts).", None, VLLM),

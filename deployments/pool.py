@@ -18,11 +18,12 @@ from typing import Any
 
 from ray import serve
 
-from app.api.errors import model_not_found
+from app.api.errors import model_not_found, service_unavailable
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.engine.params import Job
 from app.observe import tracing
+from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
 from app.pools.plan import PoolPlan
@@ -103,9 +104,12 @@ class LlamaPool:
         """Registers `model_id` in Serve's routing table for this replica (the pool does the loading)."""
         return model_id
 
-    async def _host(self) -> PooledHost:
+    async def _host(self, routed: bool = True) -> PooledHost:
+        """The named model's host; `routed`: the request may load it, so Serve routes the model here from now on
+        (an admin job that never loads, such as an unload or a pin, must not)."""
         model_id = serve.get_multiplexed_model_id()
-        await self._routed(model_id)
+        if routed:
+            await self._routed(model_id)
         host = self.pool.hosts.get(model_id)
         if host is None:
             raise model_not_found(model_id)
@@ -133,6 +137,10 @@ class LlamaPool:
 
     async def run(self, job: Job[Any]) -> Any:
         """Any other job (app/engine/jobs.py) for the model the request names, loading it first when cold."""
+        if isinstance(job, PoolJob):  # an admin job names its replica (deployments/prefix_router.py PoolAffinityRouter sends it there)
+            if job.replica is not None and job.replica != self._where[2]:
+                raise service_unavailable(f"pool replica {job.replica} is gone", code=REPLICA_GONE)
+            return await (await self._host(routed=job.loads)).run(job)
         return await (await self._host()).run(job)
 
     def pool_states(self) -> dict[str, str]:

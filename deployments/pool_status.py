@@ -68,3 +68,12 @@ def cluster_pool_states(app: str, pools: dict[str, list[str]]) -> tuple[dict[str
         ready = READY if running or (healthy and not dep.get("replicas")) else LOADING
         health.update({m: ready for m in models})
     return states, health
+
+
+def running_replicas(app: str, deployment: str) -> list[str]:
+    """The ids of a deployment's running replicas, as Serve's controller lists them (what the admin routes send
+    an unload or a pin to, one by one)."""
+    details = _get_global_client().get_serve_details()
+    dep = (((details.get("applications") or {}).get(app) or {}).get("deployments") or {}).get(deployment) or {}
+    return [r["replica_id"] for r in dep.get("replicas") or []
+            if str(r.get("state")) in ("RUNNING", "ReplicaState.RUNNING") and r.get("replica_id")]

@@ -24,6 +24,7 @@ from ray.serve.request_router import (
 from ray.util import metrics
 
 from app.engine.params import GenerationRequest
+from app.pools.admin import PoolJob
 from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 
 logger = logging.getLogger("ray.serve")
@@ -131,14 +132,33 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self._prefix().forget(replica_id)
 
 
+def named_replica(pending_request: PendingRequest | None) -> str | None:
+    """The replica an admin job names (app/pools/admin.py `PoolJob.replica`; None: any other call, or a job for
+    wherever its model is routed)."""
+    if pending_request is None:
+        return None
+    for arg in (*pending_request.args, *pending_request.kwargs.values()):
+        if isinstance(arg, PoolJob):
+            return arg.replica
+    return None
+
+
 class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):
     """A model pool's router (deployments/pool.py): Serve's multiplexed choice first (the replicas that hold the
     request's model; past Serve's matching timeout, those holding the fewest models, then any: a cold load),
     then the prefix choice among them. Of two replicas holding a popular model, a conversation's next turn
-    goes back to the one holding its KV."""
+    goes back to the one holding its KV. An admin job naming its replica (unload, pin) goes to that replica,
+    so it reaches each replica that may hold the model; a `deployments:` block that names another router
+    loses that (an unload then reaches one replica only)."""
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        name = named_replica(pending_request)
+        if name is not None:
+            named = [r for r in candidate_replicas if r.replica_id.unique_id == name]
+            if named:
+                return [named]
+            # Gone: any replica takes it and answers `replica_gone` (LlamaPool.run), which the admin skips.
         if pending_request is not None and pending_request.metadata.multiplexed_model_id:
             holding = self.apply_multiplex_routing(pending_request=pending_request)
             candidate_replicas = [r for r in candidate_replicas if r.replica_id in holding]

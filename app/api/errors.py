@@ -145,6 +145,17 @@ def unauthorized() -> APIError:
                     type="invalid_request_error", code="invalid_api_key")
 
 
+def forbidden(message: str) -> APIError:
+    """A valid key without the permission the route needs (OpenAI's 403 for a key lacking a scope)."""
+    return APIError(message, status=403, type="invalid_request_error", code="insufficient_permissions")
+
+
+def model_busy(message: str, retry_after_s: int = 2) -> APIError:
+    """An operation on a model that its requests in flight keep from happening now (an unload): 409, retry."""
+    return APIError(message, status=409, type="invalid_request_error", code="model_busy",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
 def payload_too_large(limit: int) -> APIError:
     return APIError(f"The request body is larger than the {limit} bytes this server accepts.", status=413,
                     type="invalid_request_error", code="request_too_large")

@@ -36,8 +36,10 @@ class Doc:
     description: str
     schema: str
     stream: bool = False
+    statuses: tuple[int, ...] = ()  # its errors besides every route's (403 and 409 of the admin routes)
 
     def operation_object(self, errors: dict[str, Any]) -> dict[str, Any]:
+        errors = {**errors, **{str(code): _ERROR for code in self.statuses}}
         content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if self.stream:
             content["text/event-stream"] = {"schema": {"type": "string"}}
@@ -76,6 +78,12 @@ USAGE = {"operationId": "getUsage", "responses": {
                            "requests in flight and token budget: every key for an admin key (or a server without "
                            "keys), the caller's own otherwise", **_FOUND},
     "401": _ERROR}}
+
+# The admin routes (app/pools/admin.py): an admin key's only, else 403.
+ADMIN_MODELS = {"operationId": "listPooledModels", "responses": {
+    "200": {"description": "Each pooled model the key may use: its `state`, `pinned`, and `replicas` (each replica "
+                           "holding it, with its state and pin)", **_FOUND},
+    "401": _ERROR, "403": _ERROR, "503": _ERROR}}
 
 
 class DocumentedRoute(Protocol):

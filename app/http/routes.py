@@ -29,8 +29,9 @@ from ..openai_responses.schemas import (
     DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest, parse_input_tokens_request,
     parse_responses_request,
 )
+from ..pools.admin import LoadModelRequest, PinModelRequest, PoolModelsRequest, UnloadModelRequest
 from ..serving.tenancy import UsageRequest
-from .openapi import DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, USAGE, Doc
+from .openapi import ADMIN_MODELS, DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, USAGE, Doc
 from .responses_sse import ResponsesStream
 from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSEDialect
 
@@ -78,6 +79,7 @@ class Route:
     trace: Trace = Trace.NONE
     framing: Callable[[], Any] = functools.partial(Framing, OPENAI_CHAT)  # GENERATE: a streamed answer's SSE
     doc: Doc | dict[str, Any] | None = None  # in the OpenAPI document (a dict: the operation written out)
+    admin: bool = False  # an admin key's only (KeyPolicy.admin; any caller of a server without keys), else 403
 
     def read(self, body: Any) -> Any:
         """The typed request from a decoded body: `parse`, or OpenAI's strict validation of `request`."""
@@ -98,6 +100,9 @@ def delete_response_request(request: Request) -> DeleteResponseRequest:
 # llama-server answers rerank at all three; vLLM at /rerank, /v1/rerank and /v2/rerank (Cohere's path).
 _RERANK = (("/v1/rerank", "rerank"), ("/rerank", "rerankAlias"), ("/v2/rerank", "rerankV2"))
 _COUNTED = "`input_tokens`: the request's prompt, counted"
+_POOLED = ("The model's `state` (loaded, loading, available), `pinned`, and `replicas`: each replica holding it, with "
+           "its state and pin")
+_ADMIN_ERRORS = (403, 409)
 G, A, H = Handler.GENERATE, Handler.ANSWER, Trace.HOPS
 
 # Starlette tries the paths in this order: /v1/responses/input_tokens before /v1/responses/{response_id}. The
@@ -138,6 +143,15 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/models", "GET", Handler.LIST_MODELS, doc=LIST_MODELS),
     Route("/v1/models/{model_id:path}", "GET", Handler.GET_MODEL, doc=RETRIEVE_MODEL),
     Route("/health", "GET", Handler.HEALTH, doc=HEALTH),
+    # The pools' admin routes (app/pools/admin.py): load, unload and pin a pooled model; where each is loaded.
+    Route("/admin/models", "GET", Handler.FROM_PATH, PoolModelsRequest, lambda _: PoolModelsRequest(),
+          doc=ADMIN_MODELS, admin=True),
+    Route("/admin/models/load", "POST", A, LoadModelRequest, admin=True,
+          doc=Doc("loadPooledModel", _POOLED, "LoadModelRequest", statuses=_ADMIN_ERRORS)),
+    Route("/admin/models/unload", "POST", A, UnloadModelRequest, admin=True,
+          doc=Doc("unloadPooledModel", _POOLED, "UnloadModelRequest", statuses=_ADMIN_ERRORS)),
+    Route("/admin/models/pin", "POST", A, PinModelRequest, admin=True,
+          doc=Doc("pinPooledModel", _POOLED, "PinModelRequest", statuses=_ADMIN_ERRORS)),
     Route("/openapi.json", "GET", Handler.OPENAPI),
 )
 

@@ -25,7 +25,8 @@ from .auth import KeyChecker
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware, BrowserPolicy, check_json_content_type
 from ..api import strict_json
 from ..api.errors import (
-    APIError, as_api_error, error_body, invalid_request, model_not_found, not_found, payload_too_large, unauthorized,
+    APIError, as_api_error, error_body, forbidden, invalid_request, model_not_found, not_found, payload_too_large,
+    unauthorized,
 )
 from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
@@ -219,6 +220,14 @@ class Endpoints:
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors)
 
+    def admits(self, request: Request, route: Route) -> bool:
+        """Whether the caller may call the route: an admin route is an admin key's (KeyPolicy.admin), or anyone's
+        on a server without keys (its local user's: the browser guard keeps web pages out)."""
+        if not route.admin or not self.settings.keys.enabled:
+            return True
+        policy = policy_of(request)
+        return policy is not None and policy.admin
+
     async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
         """The stream and its first output, pulled before answering so that errors found before it
         keep their HTTP status. The backend's first item comes once planning is done (the client's
@@ -334,6 +343,9 @@ def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Aw
     """One path's endpoint: the handler its table line names for the request's method (HEAD: GET's)."""
     async def endpoint(request: Request) -> Response:
         route = lines["GET" if request.method == "HEAD" else request.method]
+        if not api.admits(request, route):
+            return error_response(forbidden(f"{route.method} {route.path} is an admin route: the API key used has no "
+                                            "`admin: true` in the keys file."), route.errors)
         return await getattr(api, route.handler.value)(request, route)
     return endpoint
 

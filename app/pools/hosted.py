@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..engine.jobs import StatsJob
+from .admin import PoolJob, answer_pool_job
 from .manager import PoolManager
 
 
@@ -24,6 +25,8 @@ class PooledHost:
     async def run(self, job: Any, *, bounded: bool = False) -> Any:
         if isinstance(job, StatsJob):  # what the pool holds of it: asking must not load a cold model
             return self.stats()
+        if isinstance(job, PoolJob):  # an operator's load, unload, pin (the admin routes)
+            return await answer_pool_job(self.pool, self.model_id, job)
         async with self.pool.use(self.model_id) as host:
             return await host.run(job, bounded=bounded)
 

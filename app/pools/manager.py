@@ -4,7 +4,10 @@ request, least recently used idle ones evicted to make room, idle ones unloaded 
 Everything here runs on the replica's event loop (no lock: each decision is made between two awaits); the
 load itself is the `load` coroutine's, which runs llama.cpp off the loop. Concurrent requests for a cold model
 share one load. A model is never evicted while pinned, loading, or while a request uses it (`active`): a
-request holds its model for its whole stream, so a generation never loses its engine."""
+request holds its model for its whole stream, so a generation never loses its engine.
+
+An operator may also load, pin, unpin and unload a model (the admin routes, app/pools/admin.py): `pins` starts as
+the plan's `pinned` and changes with them; an unload waits for the model's requests to end, within a bound."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from ..api.errors import APIError, model_not_found, overloaded, service_unavailable
+from ..api.errors import APIError, model_busy, model_not_found, overloaded, service_unavailable
 from .plan import PoolPlan, mib
 
 log = logging.getLogger("llamaray.pool")
@@ -26,6 +29,7 @@ PoolState = Literal["loaded", "loading", "available"]
 # What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
 Event = Literal["loaded", "load_failed", "evicted"]
 FULL_RETRY_AFTER_S = 2
+UNLOAD_WAIT_S = 10.0  # how long an unload waits for the model's requests (and a load under way) to end
 
 
 @dataclass
@@ -52,6 +56,7 @@ class PoolManager(Generic[Host]):
         self.entries: dict[str, _Entry[Host]] = {}
         self._closing: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
+        self.pins: set[str] = set(plan.pinned)  # never evicted (LRU or idle): the plan's, then the operator's
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -69,6 +74,12 @@ class PoolManager(Generic[Host]):
 
     def used_bytes(self) -> int:
         return sum(self.plan.needs.get(m, 0) for m in self.entries)
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """What this replica holds, for the admin routes: each model held (loaded or loading), with its pin and its
+        requests in flight."""
+        return {m: {"state": self.state(m), "pinned": m in self.pins, "active": e.active}
+                for m, e in self.entries.items()}
 
     def adopt(self, model_id: str, host: Host) -> None:
         """A model loaded before the loop serves (a pinned model, at the replica's start)."""
@@ -140,13 +151,54 @@ class PoolManager(Generic[Host]):
         self._on_event("loaded", model_id, self._clock() - started)
         return host
 
+    # ---- what an operator asks ----------------------------------------------------------------------------
+
+    async def load(self, model_id: str, *, pin: bool = False) -> None:
+        """Load the model now (nothing to do when it is loaded: the same as a request's load); `pin`: keep it."""
+        async with self.use(model_id):
+            if pin:
+                self.pins.add(model_id)
+
+    def set_pinned(self, model_id: str, pinned: bool) -> None:
+        """Pin a model this replica holds (or unpin it: evictable again). A model it does not hold is not pinned
+        here (pinning means keeping what is loaded; the admin service loads it first where it is nowhere)."""
+        if model_id not in self.plan.needs:
+            raise model_not_found(model_id)
+        if not pinned:
+            self.pins.discard(model_id)
+        elif model_id in self.entries:
+            self.pins.add(model_id)
+
+    async def unload(self, model_id: str, wait_s: float = UNLOAD_WAIT_S) -> None:
+        """Unload the model (unpinning it), once no request uses it and its load, if under way, ended; waiting
+        `wait_s` at most for that, else 409 `model_busy` (nothing changed). A model not held: nothing to do."""
+        if model_id not in self.plan.needs:
+            raise model_not_found(model_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while (entry := self.entries.get(model_id)) is not None:
+            if entry.host is not None and entry.active == 0:
+                self.pins.discard(model_id)
+                await self._evict(model_id, "admin")  # answered once its memory is freed
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                why = "loading" if entry.host is None else f"serving {entry.active} request(s)"
+                raise model_busy(f"model {model_id!r} is {why} in pool {self.plan.name!r} and did not finish within "
+                                 f"{wait_s:g} s; it stays loaded: retry the unload", retry_after_s=FULL_RETRY_AFTER_S)
+            if entry.loading is not None:
+                await asyncio.wait([entry.loading], timeout=left)  # not cancelled: the requests waiting keep it
+            else:
+                await asyncio.sleep(min(0.05, left))
+        self.pins.discard(model_id)
+
     def _lru_idle(self) -> str | None:
         """The least recently used model that may go: loaded, not pinned, no request on it."""
         idle = [(e.last_used, m) for m, e in self.entries.items()
-                if e.host is not None and e.active == 0 and m not in self.plan.pinned]
+                if e.host is not None and e.active == 0 and m not in self.pins]
         return min(idle)[1] if idle else None
 
-    def _evict(self, model_id: str, reason: str) -> None:
+    def _evict(self, model_id: str, reason: str) -> asyncio.Task:
         entry = self.entries.pop(model_id)
         log.info("pool %r: unloading model %r (%s)", self.plan.name, model_id, reason)
         task = asyncio.ensure_future(self._unload(entry.host))
@@ -154,6 +206,7 @@ class PoolManager(Generic[Host]):
         task.add_done_callback(self._closing.discard)
         task.add_done_callback(_retrieved)
         self._on_event("evicted", model_id, reason)
+        return task
 
     # ---- idle unloading ----------------------------------------------------------------------------------
 
@@ -163,7 +216,7 @@ class PoolManager(Generic[Host]):
             return []
         now = self._clock()
         gone = [m for m, e in self.entries.items() if e.host is not None and e.active == 0
-                and m not in self.plan.pinned and now - e.last_used >= self.plan.idle_unload_s]
+                and m not in self.pins and now - e.last_used >= self.plan.idle_unload_s]
         for model_id in gone:
             self._evict(model_id, "idle")
         return gone

@@ -27,6 +27,9 @@ from ..openai_responses.schemas import (
 )
 from ..openai_responses.service import InputTokensService, ResponsesService
 from ..openai_responses.store import BoundedResponseStore, ResponseStore
+from ..pools.admin import (
+    LoadModelRequest, PinModelRequest, PoolAdmin, PoolModelsRequest, PoolReplicas, UnloadModelRequest, local_replicas,
+)
 from ..tokenize.service import TokenService
 from ..generation.caller import Caller
 from .models import Models
@@ -65,11 +68,14 @@ def generation(service: Any, metered: bool = True) -> Answer:
 class Processor:
     """Processing over `models`: the registry of request types, each answered by its service. `response_store`:
     where Responses API responses are kept (None: in this process, within the limits' bounds; the deployments
-    pass the store actor that outlives replicas). `tenancy`: each key's limits and usage (None: not counted)."""
+    pass the store actor that outlives replicas). `tenancy`: each key's limits and usage (None: not counted).
+    `pool_replicas`: each pool's running replicas, which the admin routes reach one by one (default: the pools
+    are in this process)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True,
-                 response_store: ResponseStore | None = None, tenancy: Tenancy | None = None) -> None:
+                 response_store: ResponseStore | None = None, tenancy: Tenancy | None = None,
+                 pool_replicas: PoolReplicas = local_replicas) -> None:
         observer = observer or NullObserver()
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
@@ -89,6 +95,7 @@ class Processor:
                                    per_key_cache=per_key_cache)
         tokens = TokenService(specs, models, limits=limits)
         stored = StoredResponses(response_store)
+        pools = PoolAdmin(specs, models.run, pool_replicas)
         self.answers: dict[type, Answer] = {}
         for request_type, answer in (
                 (ChatCompletionRequest, generation(chat)),
@@ -103,7 +110,11 @@ class Processor:
                 (CountTokensRequest, Answer(MessageTokenCounter(specs, models, limits=limits).count)),
                 (StoredResponseRequest, Answer(stored.get)),
                 (DeleteResponseRequest, Answer(stored.delete)),
-                (UsageRequest, Answer(self._usage))):
+                (UsageRequest, Answer(self._usage)),
+                (LoadModelRequest, Answer(pools.load)),
+                (UnloadModelRequest, Answer(pools.unload)),
+                (PinModelRequest, Answer(pools.pin)),
+                (PoolModelsRequest, Answer(pools.list))):
             self.register(request_type, answer)
 
     async def _usage(self, request: UsageRequest, caller: Caller) -> dict[str, Any]:

@@ -130,3 +130,46 @@ def test_an_unknown_model_is_a_404_and_health_is_ok(client):
     r = client.post("/v1/chat/completions", json=chat("pool-z"))
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert client.get("/health").status_code == 200
+
+
+# ---- the admin routes (app/pools/admin.py): the cluster runs without keys, so its local user is the admin ----
+
+def admin(client, verb: str, **body) -> dict:
+    r = client.post(f"/admin/models/{verb}", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_admin_load_pin_survives_lru_pressure_then_unload(client):
+    # Unloading a pinned model unpins it (the config's pin included): each replica has both places free again.
+    assert admin(client, "unload", model=PINNED)["state"] == "available"
+    loaded = admin(client, "load", model="pool-c")
+    assert loaded["state"] == "loaded" and loaded["replicas"], loaded
+    assert admin(client, "load", model="pool-c")["state"] == "loaded"  # again: nothing to do
+    wait_for(lambda: states(client)["pool-c"]["state"] == "loaded", 10, "pool-c listed as loaded")
+    pinned = admin(client, "pin", model="pool-c", pinned=True)
+    assert pinned["pinned"] and all(r["pinned"] for r in pinned["replicas"]), pinned
+    holders = {r["replica"] for r in pinned["replicas"]}
+    # LRU pressure: the other models, twice each (max_models 2: the holders keep one place free).
+    for model in (PINNED, "pool-b", "pool-d", PINNED, "pool-b", "pool-d"):
+        r = client.post("/v1/chat/completions", json=chat(model))
+        assert r.status_code == 200, (model, r.text, client.get("/admin/models").text)
+    listing = {c["id"]: c for c in client.get("/admin/models").json()["data"]}
+    assert holders <= {r["replica"] for r in listing["pool-c"]["replicas"] if r["state"] == "loaded"}, listing
+    unpinned = admin(client, "pin", model="pool-c", pinned=False)
+    assert not unpinned["pinned"]
+    gone = admin(client, "unload", model="pool-c")
+    assert gone["state"] == "available" and gone["replicas"] == [], gone
+    wait_for(lambda: states(client)["pool-c"]["state"] == "available", 10, "pool-c listed as available")
+    repinned = admin(client, "pin", model=PINNED, pinned=True)  # pinned where it is held, loaded if nowhere
+    assert repinned["state"] == "loaded" and repinned["pinned"], repinned
+
+
+def test_admin_refusals(client):
+    unknown = client.post("/admin/models/load", json={"model": "pool-z"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    malformed = client.post("/admin/models/pin", json={"model": "pool-a", "pinned": "yes"})
+    assert malformed.status_code == 400
+    page = client.post("/admin/models/unload", content=b'{"model": "pool-a"}',
+                       headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"

@@ -18,6 +18,8 @@ OPERATIONS = {
     ("/v2/rerank", "post"): "rerankV2", ("/tokenize", "post"): "tokenize", ("/detokenize", "post"): "detokenize",
     ("/v1/models", "get"): "listModels", ("/v1/models/{model_id}", "get"): "retrieveModel",
     ("/health", "get"): "health", ("/v1/usage", "get"): "getUsage",
+    ("/admin/models", "get"): "listPooledModels", ("/admin/models/load", "post"): "loadPooledModel",
+    ("/admin/models/unload", "post"): "unloadPooledModel", ("/admin/models/pin", "post"): "pinPooledModel",
 }
 
 
