@@ -730,11 +730,21 @@ def test_main_refuses_an_unreachable_url(tmp_path, capsys):
 def test_ctrl_c_writes_a_partial_report(tmp_path, presses):
     async def go():
         async with FakeServer(n_chunks=5, gap=0.1) as srv:   # ~0.5 s per request
-            loop = asyncio.get_running_loop()
-            for k in range(presses):
-                loop.call_later(0.7 + 0.05 * k, os.kill, os.getpid(), signal.SIGINT)
             t0 = time.perf_counter()
+
+            async def press() -> None:
+                # Only once the load test sends requests (its Ctrl-C handler is in place by then): a press
+                # before it would interrupt pytest itself on a slow machine.
+                while not srv.starts:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(max(0.0, 0.7 - (time.perf_counter() - t0)))
+                for k in range(presses):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    await asyncio.sleep(0.05)
+
+            presser = asyncio.create_task(press())
             outcome = await execute(parse_args(cli(srv.url, tmp_path, "--ramp", "3:30s")), stderr=io.StringIO())
+            presser.cancel()
             return outcome, time.perf_counter() - t0
 
     outcome, wall = asyncio.run(go())
