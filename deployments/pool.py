@@ -55,6 +55,7 @@ class LocalPool:
                 logger.error("pool %r: pinned model %r did not load: %s", plan.name, model_id, exc)
 
     async def _load(self, model_id: str) -> EngineHost:
+        self._on_change("loading", model_id)  # published: /v1/models shows it loading, not only once loaded
         host = await asyncio.to_thread(EngineHost, self.specs[model_id])
         while host.state().state in ("loading", "downloading"):  # a remote file being fetched
             await asyncio.sleep(0.25)
