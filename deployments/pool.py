@@ -18,7 +18,7 @@ from typing import Any
 
 from ray import serve
 
-from app.api.errors import model_not_found, service_unavailable
+from app.api.errors import APIError, model_not_found, service_unavailable
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.engine.params import Job
@@ -56,6 +56,7 @@ class LocalPool:
                 logger.error("pool %r: pinned model %r did not load: %s", plan.name, model_id, exc)
 
     async def _load(self, model_id: str) -> EngineHost:
+        self._on_change("loading", model_id)  # published: /v1/models shows it loading, not only once loaded
         host = await asyncio.to_thread(EngineHost, self.specs[model_id])
         while host.state().state in ("loading", "downloading"):  # a remote file being fetched
             await asyncio.sleep(0.25)
@@ -117,12 +118,21 @@ class LlamaPool:
 
     def _changed(self, event: str, model_id: str) -> None:
         if event in ("evicted", "load_failed"):
-            # Serve routes the model here no more; the next request for it goes to any replica.
-            wrapper = getattr(self, _SERVE_MULTIPLEX_ATTR, None)
-            if wrapper is not None:
-                wrapper.models.pop(model_id, None)
-                wrapper._push_multiplexed_replica_info = True
+            self._unroute(model_id)
         self._publish()
+
+    def _unroute(self, model_id: str) -> None:
+        """Serve routes the model here no more; the next request for it goes to any replica."""
+        wrapper = getattr(self, _SERVE_MULTIPLEX_ATTR, None)
+        if wrapper is not None and model_id in wrapper.models:
+            wrapper.models.pop(model_id, None)
+            wrapper._push_multiplexed_replica_info = True
+
+    def _unroute_unless_held(self, model_id: str) -> None:
+        """After a request that failed: a model this replica does not hold (a load refused, or one that failed
+        a while ago and is remembered) is not left in Serve's routing table, where `_routed` put it."""
+        if self.pool.manager.state(model_id) == "available":
+            self._unroute(model_id)
 
     def _publish(self) -> None:
         if not hasattr(self, "pool"):
@@ -132,8 +142,12 @@ class LlamaPool:
 
     async def generate(self, request: GenerationRequest):
         host = await self._host()
-        async for batch in host.generate(request):
-            yield batch
+        try:
+            async for batch in host.generate(request):
+                yield batch
+        except APIError:
+            self._unroute_unless_held(host.model_id)
+            raise
 
     async def run(self, job: Job[Any]) -> Any:
         """Any other job (app/engine/jobs.py) for the model the request names, loading it first when cold."""
@@ -141,7 +155,12 @@ class LlamaPool:
             if job.replica is not None and job.replica != self._where[2]:
                 raise service_unavailable(f"pool replica {job.replica} is gone", code=REPLICA_GONE)
             return await (await self._host(routed=job.loads)).run(job)
-        return await (await self._host()).run(job)
+        host = await self._host()
+        try:
+            return await host.run(job)
+        except APIError:
+            self._unroute_unless_held(host.model_id)
+            raise
 
     def pool_states(self) -> dict[str, str]:
         """This replica's models: loaded, loading or available (tests and operators)."""

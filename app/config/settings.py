@@ -407,6 +407,9 @@ class PoolConfig(BaseModel):
                                                                 "evicted")
     idle_unload_s: float = Field(0, ge=0, description="unload a model no request used for this long (0: only "
                                                       "evicted to make room)")
+    failed_load_retry_s: float = Field(30, ge=0, le=3600, description="a model whose load failed (a corrupt GGUF, out "
+                                       "of memory) is answered with that failure (503) for this long before a "
+                                       "replica tries to load it again (0: every request tries)")
     catalogue: str | None = Field(None, description="a directory, laid out as llama-server's --models-dir: every "
                                                     "<id>.gguf in it is a model of this pool (a split model's parts "
                                                     "count once), a projector beside it (mmproj-<id>.gguf) its "

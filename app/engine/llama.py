@@ -12,6 +12,7 @@ import math
 import re
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
@@ -37,6 +38,10 @@ _LOADED_BACKEND = re.compile(r"loaded (\S+) backend from (.+?)\s*$")
 loaded_backends: dict[str, str] = {}
 """Backends ggml loaded as libraries at run time (name -> file), from its log: in a GGML_BACKEND_DL build
 (tools/llama_build.py --portable) the CPU variant it chose for this CPU; empty where they are linked in."""
+# The last error llama.cpp logged on this thread: a model load that fails says why only in its log (a file
+# cut short, a tensor type unknown to this build), and a failed load is then reported with it.
+_thread_errors = threading.local()
+_LOAD_ERROR = re.compile(r"error loading model:\s*(.+)$")
 
 
 @L.llama_log_callback
@@ -51,6 +56,16 @@ def _llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every tensor at load; keep only warnings and errors.
     if level in (_GGML_LOG_WARN, _GGML_LOG_ERROR) and msg:
         log.warning("llama.cpp: %s", msg)
+        cause = _LOAD_ERROR.search(msg)
+        if cause:
+            _thread_errors.load = cause.group(1)
+
+
+def load_error(path: str) -> str:
+    """Why the last model load on this thread failed, as llama.cpp logged it (the file named by its name only:
+    the message reaches clients), or a generic reason when it logged none."""
+    cause = getattr(_thread_errors, "load", None) or "it logged no reason"
+    return cause.replace(path, Path(path).name)
 
 
 def _load_backend_libraries() -> None:
@@ -95,6 +110,10 @@ POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS, "
            "rank": L.LLAMA_POOLING_TYPE_RANK}
 
 
+class ModelLoadError(RuntimeError):
+    """llama.cpp refused the model file (corrupt, cut short, an unknown architecture, no memory for it)."""
+
+
 class LlamaModelContext:
     """One loaded model and one context with `n_seq_max` sequences sharing a KV pool.
 
@@ -112,9 +131,10 @@ class LlamaModelContext:
         # False keeps weights out of the extra CPU buffer types (repacked, AMX): see hardware.py.
         mparams.use_extra_bufts = extra_buffers
         model_buffers.clear()
+        _thread_errors.load = None
         self.model = L.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
-            raise RuntimeError(f"llama.cpp could not load the model at {path}")
+            raise ModelLoadError(f"llama.cpp could not load {Path(path).name}: {load_error(path)}")
         self.vocab = L.llama_model_get_vocab(self.model)
         cparams = L.llama_context_default_params()
         cparams.n_ctx = n_ctx_per_seq * n_seq_max

@@ -59,6 +59,9 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
+    for line in lines:  # llama.cpp refused the file itself: that is the cause, not this machine
+        if line.startswith("{") and '"load_error"' in line:
+            raise EngineUnavailable(f"model {spec.id!r}: {json.loads(line)['load_error']}")
     how = (f"killed by {_signal_name(proc.returncode)}" if proc.returncode < 0
            else f"exit status {proc.returncode}")
     info = backend = None
@@ -76,7 +79,7 @@ def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[
 
 
 def _child() -> None:
-    from .llama import Batch, LlamaModelContext, embed_batch, greedy_token
+    from .llama import Batch, LlamaModelContext, ModelLoadError, embed_batch, greedy_token
 
     params = json.loads(sys.stdin.read())
     info = hardware.system_info()
@@ -84,10 +87,14 @@ def _child() -> None:
     extra = hardware.use_extra_buffers(params["cpu_extra_buffers"], info)
     # survives a crash below
     print(json.dumps({"system_info": info, "cpu_backend": backend}, ensure_ascii=True), flush=True)
-    llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
-                           n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
-                           n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
-                           pooling=params.get("pooling"))
+    try:
+        llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
+                                  n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
+                                  n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
+                                  pooling=params.get("pooling"))
+    except ModelLoadError as exc:
+        print(json.dumps({"load_error": str(exc)}, ensure_ascii=True), flush=True)
+        sys.exit(1)
     try:
         if params.get("pooling"):  # an embedding model: pool one input instead of sampling a token
             tokens = llama.tokenize("Hello", add_special=True, parse_special=False)

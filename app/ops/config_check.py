@@ -13,6 +13,7 @@ file at its largest), whether every application's deployments at their fewest re
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..config.settings import (
@@ -37,6 +38,8 @@ from .placement import (
     replica_request,
 )
 from .pools import (
+    GPU_MEMORY,
+    GPU_MEMORY_LABEL,
     pool_deployment_defaults,
     pool_deployment_name,
     pool_node_problems,
@@ -158,6 +161,7 @@ def check_application(app: dict[str, Any], cluster: dict[str, Any] | None = None
     if cluster is not None:
         problems += fit_problems(options, cluster)
     nodes, where = _nodes(cluster, capacity)
+    problems += _gpu_memory_label_problems(cluster)
     for name, plan in plans.items():
         host = "Ingress" if single else name
         problems += pool_node_problems(plan, replica_request(options[host]), nodes, where)
@@ -172,11 +176,37 @@ def _nodes(cluster: dict[str, Any] | None, capacity: Capacity | None) -> tuple[d
     declared), else the capacity checked against (this machine) as one node."""
     if cluster is not None:
         types = cluster.get("available_node_types") or {}
-        return ({t: {k: float(v) for k, v in (nt.get("resources") or {}).items()}
-                 for t, nt in types.items() if isinstance(nt, dict)}, "the cluster file's node types")
+        return ({t: _node_resources(nt) for t, nt in types.items() if isinstance(nt, dict)},
+                "the cluster file's node types")
     if capacity is not None:
         return {"this machine": dict(capacity.resources)}, "where it runs"
     return {}, ""
+
+
+def _node_resources(node_type: dict[str, Any]) -> dict[str, float]:
+    """A node type's resources, with its GPUs' memory (GPU_MEMORY, bytes each) when its labels state it."""
+    out = {k: float(v) for k, v in (node_type.get("resources") or {}).items()}
+    stated = (node_type.get("labels") or {}).get(GPU_MEMORY_LABEL)
+    if stated is not None and _mib_label(stated) is not None:
+        out[GPU_MEMORY] = _mib_label(stated) * (1 << 20)
+    return out
+
+
+def _mib_label(value: Any) -> float | None:
+    try:
+        mib = float(value)
+    except (TypeError, ValueError):
+        return None
+    return mib if mib > 0 and math.isfinite(mib) else None
+
+
+def _gpu_memory_label_problems(cluster: dict[str, Any] | None) -> list[str]:
+    types = (cluster or {}).get("available_node_types") or {}
+    return [f"cluster file: node type {name!r}: label {GPU_MEMORY_LABEL} is {stated!r}, not the MiB of each of its "
+            f"GPUs (a positive number, as a string: \"24576\")"
+            for name, nt in types.items() if isinstance(nt, dict)
+            for stated in [(nt.get("labels") or {}).get(GPU_MEMORY_LABEL)]
+            if stated is not None and _mib_label(stated) is None]
 
 
 def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: dict[str, ModelSpec],
@@ -206,13 +236,16 @@ def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: 
 
 
 def _pool_asks(asks: list[Ask], pools: list[Any], single: bool) -> None:
-    """A pool replica asks its memory budget (what its models may take together), when it has one."""
+    """A pool replica asks its memory budget (what its models may take together), when it has one; a pool's
+    replica on GPUs keeps its models in GPU memory, which pool_node_problems weighs instead."""
     by_name = {a.deployment: a for a in asks}
     for pool in pools:
         ask = by_name.get("Ingress" if single else pool_deployment_name(pool.name))
         if ask is None:
             continue
-        if pool.memory_budget_mib:
+        if not single and ask.request.get("GPU", 0) > 0:
+            ask.memory_note = ask.memory_note or f"pool {pool.name!r} on GPUs: its models take GPU memory"
+        elif pool.memory_budget_mib:
             ask.request["memory"] = ask.request.get("memory", 0.0) + pool.memory_budget_mib * (1 << 20)
         else:
             ask.memory_note = ask.memory_note or f"pool {pool.name!r} has no memory_budget_mib: its models' memory not counted"

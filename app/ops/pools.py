@@ -37,7 +37,7 @@ def model_need(spec: ModelSpec) -> int:
 def pool_plan(pool: PoolConfig, specs: list[ModelSpec]) -> PoolPlan:
     budget = int(pool.memory_budget_mib * MIB) if pool.memory_budget_mib else None
     return PoolPlan(pool.name, pool.max_models, budget, tuple(dict.fromkeys(pool.pinned)), pool.idle_unload_s,
-                    {s.id: model_need(s) for s in specs if s.pool == pool.name})
+                    pool.failed_load_retry_s, {s.id: model_need(s) for s in specs if s.pool == pool.name})
 
 
 def pool_plans(args: AppArgs, specs: list[ModelSpec]) -> list[PoolPlan]:
@@ -69,19 +69,35 @@ def replica_need(plan: PoolPlan) -> tuple[int, str]:
     return most, how
 
 
+# A cluster file's node type states the memory of each of its GPUs as this label (MiB, a string as Ray's labels
+# are): Ray counts GPUs, not their memory, so a GPU pool is weighed against it only where declared.
+GPU_MEMORY_LABEL = "llamaray.io/gpu-memory-mib"
+GPU_MEMORY = "gpu_memory"  # a node's key, in pool_node_problems' `nodes`: bytes of each GPU
+
+
 def pool_node_problems(plan: PoolPlan, request: dict[str, float], nodes: dict[str, dict[str, float]],
                        where: str) -> list[str]:
     """A pool whose replica could hold more than the memory of every node it can be placed on (by its CPU, GPU
     and custom resources): it would load models until the node runs out of memory. `nodes`: node name ->
-    resources (memory in bytes, as Ray counts it); nodes that state no memory are not judged. A pool that
-    reserves GPUs keeps its models in VRAM, which no node states: not checked here."""
-    if request.get("GPU", 0) > 0 or not plan.needs:
+    resources (memory in bytes, as Ray counts it; GPU_MEMORY, each GPU's bytes, where stated). A pool that
+    reserves GPUs keeps its models in VRAM: weighed against the GPU memory the replica gets (its num_gpus of
+    the node's GPUs; a fraction of one GPU, that share of it); nodes that state no such memory are not judged."""
+    if not plan.needs:
         return []
-    need, how = replica_need(plan)
+    gpus = request.get("GPU", 0)
+    key = GPU_MEMORY if gpus > 0 else "memory"
     placed = {name: res for name, res in nodes.items()
-              if fits({k: v for k, v in request.items() if k != "memory"}, res) and res.get("memory")}
-    if not placed or need <= max(res["memory"] for res in placed.values()):
+              if fits({k: v for k, v in request.items() if k != "memory"}, res) and res.get(key)}
+    room = {name: res[key] * gpus if gpus > 0 else res[key] for name, res in placed.items()}
+    need, how = replica_need(plan)
+    if not room or need <= max(room.values()):
         return []
+    if gpus > 0:
+        shown = ", ".join(f"{name} {mib(room[name])} ({gpus:g} x {mib(res[key])} GPU)" for name, res in placed.items())
+        return [f"pool {plan.name!r}: a replica may hold {mib(need)} ({how}; each model's GGUF plus its KV cache at "
+                f"n_ctx x n_seq_max, in GPU memory), more than the GPU memory it gets on any node it can be placed "
+                f"on ({where}: {shown}): its loads would fail out of GPU memory; set memory_budget_mib below it, "
+                f"lower max_models, or give each replica more or larger GPUs (ray_actor_options.num_gpus)"]
     shown = ", ".join(f"{name} {mib(res['memory'])}" for name, res in placed.items())
     return [f"pool {plan.name!r}: a replica may hold {mib(need)} ({how}; each model's GGUF plus its KV cache at "
             f"n_ctx x n_seq_max), more than the memory of any node it can be placed on ({where}: {shown}): it "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class PoolManager(Generic[Host]):
         self._closing: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
         self.pins: set[str] = set(plan.pinned)  # never evicted (LRU or idle): the plan's, then the operator's
+        # model id -> (when its load failed, the 503 it failed with): a corrupt file is not read again by
+        # every request, only once failed_load_retry_s has passed.
+        self._failed: dict[str, tuple[float, APIError]] = {}
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -110,6 +114,7 @@ class PoolManager(Generic[Host]):
 
     def _begin_load(self, model_id: str) -> _Entry[Host]:
         """Make room and start loading `model_id` (no await between the checks and the entry's insertion)."""
+        self._refuse_failed(model_id)
         need, budget = self.plan.needs.get(model_id, 0), self.plan.budget_bytes
         if budget is not None and need > budget:
             raise service_unavailable(
@@ -145,8 +150,16 @@ class PoolManager(Generic[Host]):
             log.error("pool %r: model %r failed to load: %s", self.plan.name, model_id, why)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise service_unavailable(f"model {model_id!r} could not be loaded (pool {self.plan.name!r}): {why}",
-                                      code="model_load_failed") from None
+            error = service_unavailable(f"model {model_id!r} could not be loaded (pool {self.plan.name!r}): {why}",
+                                        code="model_load_failed")
+            retry = self.plan.failed_load_retry_s
+            if retry <= 0:
+                raise error from None
+            self._failed[model_id] = (self._clock(), error)
+            raise APIError(f"{error.message} (this replica tries to load it again in {math.ceil(retry)} s)",
+                           status=503, type=error.type, code=error.code, logged=True,
+                           headers={"Retry-After": str(math.ceil(retry))}) from None
+        self._failed.pop(model_id, None)
         entry.host, entry.loading = host, None
         self._on_event("loaded", model_id, self._clock() - started)
         return host
@@ -191,6 +204,20 @@ class PoolManager(Generic[Host]):
             else:
                 await asyncio.sleep(min(0.05, left))
         self.pins.discard(model_id)
+
+    def _refuse_failed(self, model_id: str) -> None:
+        """The 503 of a load that failed less than failed_load_retry_s ago, saying when it is tried again."""
+        failed = self._failed.get(model_id)
+        if failed is None:
+            return
+        at, error = failed
+        wait = at + self.plan.failed_load_retry_s - self._clock()
+        if wait <= 0:
+            del self._failed[model_id]
+            return
+        raise APIError(f"{error.message} (failed {self._clock() - at:.0f} s ago; this replica tries to load it "
+                       f"again in {math.ceil(wait)} s)", status=error.status, type=error.type, code=error.code,
+                       headers={"Retry-After": str(math.ceil(wait))}, logged=True)
 
     def _lru_idle(self) -> str | None:
         """The least recently used model that may go: loaded, not pinned, no request on it."""

@@ -10,13 +10,15 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class PoolPlan:
     """`needs`: each model's memory in bytes (its GGUF's size plus its KV cache; 0 when not measured: a
-    remote file not fetched at build time). `budget_bytes` None: no memory budget."""
+    remote file not fetched at build time). `budget_bytes` None: no memory budget. `failed_load_retry_s`: how long
+    a replica answers a model whose load failed with that failure before it tries the load again."""
 
     name: str
     max_models: int
     budget_bytes: int | None = None
     pinned: tuple[str, ...] = ()
     idle_unload_s: float = 0.0
+    failed_load_retry_s: float = 30.0
     needs: dict[str, int] = field(default_factory=dict)
 
     @property

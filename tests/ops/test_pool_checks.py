@@ -80,3 +80,65 @@ def test_a_pool_on_gpus_or_on_nodes_that_state_no_memory_is_not_weighed_against_
     cluster = {"available_node_types": {"w": {"resources": {"CPU": 4, "GPU": 0}}}}
     on_cpu = app([pooled("a"), pooled("b")], [{"name": "tail"}])
     assert not [p for p in check_config(on_cpu, cluster) if "a replica may hold" in p]
+
+
+def gpu_pool(num_gpus: float, *, max_models: int = 2, budget: float | None = None) -> dict:
+    """Three models of about 11.5 GiB each (the bundled GGUF with a KV cache of 32768 x 16 tokens), in a pool
+    whose replicas reserve `num_gpus` GPUs: their models live in GPU memory."""
+    models = [pooled(m, n_ctx=32768, n_seq_max=16) for m in ("a", "b", "c")]
+    pool = {"name": "tail", "max_models": max_models, **({"memory_budget_mib": budget} if budget else {})}
+    return app(models, [pool], [{"name": "LlamaPool-tail", "ray_actor_options": {"num_cpus": 1, "num_gpus": num_gpus}}])
+
+
+def gpu_cluster(gpus: int, gpu_mib: str | None, host_memory: float = 2**40) -> dict:
+    """A head without GPUs and one GPU node type, its GPUs' memory stated by the label when given."""
+    worker = {"resources": {"CPU": 8, "GPU": gpus, "memory": host_memory}, "max_workers": 2}
+    if gpu_mib is not None:
+        worker["labels"] = {"llamaray.io/gpu-memory-mib": gpu_mib}
+    return {"head_node_type": "head", "max_workers": 2,
+            "available_node_types": {"head": {"resources": {"CPU": 8, "GPU": 0}}, "gpu": worker}}
+
+
+def gpu_problems(config: dict, cluster: dict) -> list[str]:
+    return [p for p in check_config(config, cluster) if "GPU memory" in p or "gpu-memory" in p]
+
+
+def test_a_gpu_pool_replica_is_checked_against_its_gpus_memory():
+    problems = gpu_problems(gpu_pool(1), gpu_cluster(1, "16384"))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("llamaray: pool 'tail': a replica may hold ")
+    assert "max_models 2: its largest models" in problems[0] and "in GPU memory" in problems[0]
+    assert "(the cluster file's node types: gpu 16,384 MiB (1 x 16,384 MiB GPU))" in problems[0], problems[0]
+    # The host memory is not what holds them: a node with little of it but GPUs large enough is fine.
+    assert gpu_problems(gpu_pool(1), gpu_cluster(1, "49152", host_memory=2**30)) == []
+    # Two GPUs per replica hold twice as much; a budget within one GPU bounds the replica.
+    assert gpu_problems(gpu_pool(2), gpu_cluster(2, "16384")) == []
+    assert gpu_problems(gpu_pool(1, budget=15000), gpu_cluster(1, "16384")) == []
+
+
+def test_a_replica_with_a_fraction_of_a_gpu_gets_that_share_of_its_memory():
+    assert gpu_problems(gpu_pool(0.5, max_models=1), gpu_cluster(1, "24576")) == []
+    problems = gpu_problems(gpu_pool(0.5, max_models=2), gpu_cluster(1, "24576"))
+    assert len(problems) == 1 and "gpu 12,288 MiB (0.5 x 24,576 MiB GPU)" in problems[0], problems
+
+
+def test_gpu_nodes_that_state_no_gpu_memory_are_not_judged_and_a_bad_label_is_a_problem():
+    assert gpu_problems(gpu_pool(1), gpu_cluster(1, None)) == []
+    problems = gpu_problems(gpu_pool(1), gpu_cluster(1, "24GiB"))
+    assert problems == ["llamaray: cluster file: node type 'gpu': label llamaray.io/gpu-memory-mib is '24GiB', not "
+                        "the MiB of each of its GPUs (a positive number, as a string: \"24576\")"], problems
+
+
+def test_a_gpu_pools_budget_is_not_asked_of_host_memory():
+    from app.ops.config_check import check_application
+
+    asks: list = []
+    config = gpu_pool(1, budget=15000)
+    check_application(config["applications"][0], gpu_cluster(1, "16384"), asks=asks)
+    ask = next(a for a in asks if a.deployment == "LlamaPool-tail")
+    assert "memory" not in ask.request and "GPU memory" in ask.memory_note
+    cpu = app([pooled("a")], [{"name": "tail", "memory_budget_mib": 1024}],
+              [{"name": "LlamaPool-tail", "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}])
+    asks = []
+    check_application(cpu["applications"][0], None, asks=asks)
+    assert next(a for a in asks if a.deployment == "LlamaPool-tail").request["memory"] == 1024 * 2**20

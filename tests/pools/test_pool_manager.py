@@ -245,10 +245,66 @@ def test_a_failed_load_is_a_503_naming_the_cause_and_the_others_keep_serving():
             await answer(manager, "b")
         assert failed.value.status == 503 and failed.value.code == "model_load_failed"
         assert "bad magic" in failed.value.message and "'b'" in failed.value.message
-        assert manager.state("b") == "available"  # the next request tries again
+        assert manager.state("b") == "available"  # holds no room: other models load in its place
         assert ("load_failed", "b", "not a GGUF file: bad magic") in events
         assert await answer(manager, "a", "still") == ["a:", "still"]
         assert await answer(manager, "c") == ["c:", "hi"]
+    asyncio.run(run())
+
+
+def test_a_failed_load_is_remembered_for_failed_load_retry_s_then_tried_again():
+    """A corrupt file is not read again by every request: within the window its requests get the same 503 at
+    once, saying when the replica tries again (and Retry-After); after it, the next request loads again."""
+    async def run():
+        clock = Clock()
+        loader = Loader(broken={"b": "not a GGUF file: bad magic"})
+        manager, _, events = make(loader=loader, clock=clock, failed_load_retry_s=30)
+        with pytest.raises(APIError) as first:
+            await answer(manager, "b")
+        assert "again in 30 s" in first.value.message and first.value.headers["Retry-After"] == "30"
+        clock.now += 10
+        for _ in range(3):
+            with pytest.raises(APIError) as again:
+                await answer(manager, "b")
+            assert again.value.status == 503 and again.value.code == "model_load_failed"
+            assert "bad magic" in again.value.message and "failed 10 s ago" in again.value.message
+            assert "again in 20 s" in again.value.message and again.value.headers["Retry-After"] == "20"
+        assert loader.loads == ["b"]
+        assert sum(e[0] == "load_failed" for e in events) == 1
+        clock.now += 20
+        loader.broken.clear()  # the file was replaced
+        assert await answer(manager, "b") == ["b:", "hi"]
+        assert loader.loads == ["b", "b"]
+        with pytest.raises(APIError):  # a later failure is remembered afresh, not mixed with the old one
+            loader.broken["c"] = "out of memory"
+            await answer(manager, "c")
+        assert await answer(manager, "b", "still") == ["b:", "still"]
+    asyncio.run(run())
+
+
+def test_with_failed_load_retry_s_0_every_request_tries_the_load():
+    async def run():
+        loader = Loader(broken={"b": "cut short"})
+        manager, _, _ = make(loader=loader, failed_load_retry_s=0)
+        for _ in range(2):
+            with pytest.raises(APIError) as failed:
+                await answer(manager, "b")
+            assert "cut short" in failed.value.message and "again in" not in failed.value.message
+        assert loader.loads == ["b", "b"]
+    asyncio.run(run())
+
+
+def test_requests_waiting_on_a_load_that_fails_all_get_its_503():
+    async def run():
+        loader = Loader(broken={"b": "cut short"})
+        loader.gate = asyncio.Event()
+        manager, _, _ = make(loader=loader)
+        waiters = [asyncio.ensure_future(answer(manager, "b")) for _ in range(3)]
+        await asyncio.sleep(0)
+        loader.gate.set()
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        assert all(isinstance(r, APIError) and r.status == 503 and "cut short" in r.message for r in results)
+        assert loader.loads == ["b"]
     asyncio.run(run())
 
 

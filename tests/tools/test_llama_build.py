@@ -85,7 +85,7 @@ def test_self_check_reports_a_model_llama_cpp_cannot_load(bundled_spec, tmp_path
     truncated = tmp_path / "truncated.gguf"
     with open(bundled_spec.path, "rb") as src, open(truncated, "wb") as dst:
         dst.write(src.read(8 << 20))  # metadata intact, tensor data cut
-    with pytest.raises(EngineUnavailable, match=r"exit status 1.*could not load"):
+    with pytest.raises(EngineUnavailable, match=r"llama.cpp could not load truncated.gguf: .*corrupted or incomplete"):
         run_self_check(dataclasses.replace(bundled_spec, path=str(truncated)))
 
 
