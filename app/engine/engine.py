@@ -11,6 +11,10 @@ grammar) is done by `prepare`, on the caller's thread, before it is queued; the 
 waiting requests out under the lock and places them in the KV (copies, prompt-cache restores and
 saves) after releasing it. Slots belong to the decode thread alone.
 
+Waiting requests take idle slots first come, first served, with bounded backfill; when several keys
+(tenants) wait, the next slot goes to the one holding the fewest slots for its weight (admission.py,
+`fair_share`).
+
 The engine knows nothing of asyncio: a step's events go out in one call of `publish`
 (stream.py's publisher hands them to each event loop in one wake-up).
 
@@ -34,7 +38,7 @@ from typing import Any
 
 from ..config.settings import ModelSpec, place
 from . import hardware, prompt_marks
-from .admission import BACKFILL_S, admissible
+from .admission import BACKFILL_S, admissible, in_share_order
 from .constraint import MaskWorker, grammar_tokenizer
 from .decode_thread import DecodeThread
 from .errors import ContextExceeded, EngineError, bad_input, internal
@@ -90,6 +94,7 @@ class LlamaEngine(DecodeThread):
         self._admitting: list[Generation] = []  # out of the queue, not yet in their slots
         self._cancelled: set[str] = set()
         self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
+        self.fair_share = spec.fair_share  # admission.py: keys share the slots by weight when they compete
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
         self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
         self._outbox: list[tuple[Sink, Event]] = []
@@ -415,7 +420,11 @@ class LlamaEngine(DecodeThread):
         if not self._waiting:
             return []
         idle = sum(slot.state is SlotState.IDLE for slot in self._slots)
-        taken = admissible(self._waiting, idle, time.monotonic(), self.backfill_s)
+        if not idle:
+            return []
+        waiting = (in_share_order(self._waiting, (s.gen.req for s in self._slots if s.gen is not None))
+                   if self.fair_share else self._waiting)
+        taken = admissible(waiting, idle, time.monotonic(), self.backfill_s)
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)
