@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +197,7 @@ class SyntheticEngine(DecodeThread):
 
     def _admit(self) -> list[_Generation]:
         """In order (the fair share's between keys, as the llama.cpp engine's), while the next one fits."""
-        order = (in_share_order(self._waiting, (g.req for g in self._running)) if self.spec.fair_share
+        order = (in_share_order(self._waiting, Counter(g.req.tenant for g in self._running)) if self.spec.fair_share
                  else self._waiting)
         admitted, taken = [], set()
         for gen in order:

@@ -137,3 +137,24 @@ def test_one_key_is_served_first_come_first_served(bundled_spec, story):
         assert log.started == names
     finally:
         engine.close()
+
+
+def test_a_slot_is_held_back_for_a_key_that_used_the_model_lately(bundled_spec, story):
+    # Two slots; `polite` used the model a moment ago and has nothing running: `greedy` gets one slot, not
+    # both, so polite's next request starts at the next step instead of after a whole greedy generation.
+    engine = LlamaEngine(one_thread(bundled_spec, n_seq_max=2))
+    try:
+        log = Admissions()
+        engine.start()
+        submit(engine, log, "p0", "polite", 2.0, story, 1)
+        log.wait(lambda: "p0" in log.finished, "polite's first request")
+        for i in range(3):
+            submit(engine, log, f"g{i}", "greedy", 2.0, story, 24)
+        log.wait(lambda: log.started[-1:] == ["g0"], "greedy's first request")
+        assert engine.stats()["running"] == 1  # the other slot is held back, g1 and g2 wait
+        submit(engine, log, "p1", "polite", 2.0, story, 1)
+        log.wait(lambda: "p1" in log.finished, "polite's second request")
+        assert log.started[:3] == ["p0", "g0", "p1"] and "g0" not in log.finished  # at once, beside g0
+        log.wait(lambda: len(log.finished) == 5, "all finished")
+    finally:
+        engine.close()
