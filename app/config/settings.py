@@ -113,6 +113,9 @@ class ModelConfig(BaseModel):
     kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
     prompt_cache_mib: float = Field(1024, ge=0, description="host memory for the KV of prompts whose slot was "
                                                             "reused, restored when they come back (0: off)")
+    fair_share: bool = Field(True, description="when more requests wait than slots are free, the next slot goes to "
+                             "the key (tenant) holding the fewest slots for its priority's weight, first come first "
+                             "served within a key (false: first come, first served over all keys)")
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto", description="llama.cpp's extra CPU weight buffers (repacked/AMX); auto: off only for an AMX "
                             "build on an AMX CPU (llama.cpp #20824)")
@@ -218,7 +221,7 @@ class ModelConfig(BaseModel):
 
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
-                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters")
+                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters", "fair_share")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector
 
@@ -514,6 +517,7 @@ class ModelSpec:
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
     prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
+    fair_share: bool = True  # ModelConfig.fair_share
     engine: str = "llama"  # ModelConfig.engine
     # engine synthetic: (prefill tokens/s, ((batch, ms per step), ...)), app/engine/synthetic.py
     synthetic: tuple[float, tuple[tuple[int, float], ...]] | None = None
@@ -714,7 +718,7 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         max_tokens_limit=cfg.max_tokens_limit, stream_interval_ms=cfg.stream_interval_ms,
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
-        pool=cfg.pool or "",
+        fair_share=cfg.fair_share, pool=cfg.pool or "",
     )
 
 

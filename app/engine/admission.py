@@ -6,12 +6,24 @@ meanwhile. So smaller requests behind it are admitted into those slots (backfill
 blocked request has waited `backfill_s`: from then on nothing behind it is admitted, so slots freed by
 the generations that end are its, and it waits at most `backfill_s` plus the end of the generations
 running by then (the ones it let in included).
+
+Between keys (tenants), the queue is first put in fair-share order (`in_share_order`): the next slot goes
+to the key holding the fewest slots per unit of its priority's weight (app/tenants/fair_share.py), first
+come first served within a key. Admission then runs over that order as above, backfill included. With one
+key waiting (a server without keys: every request's tenant is "") the order is the queue's own. And while a
+key that used the model in the last minute has nothing running or waiting, one slot is held back from keys
+that already hold one (`held_back`), so its next request starts at once instead of after another key's
+whole generation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from ..tenants.fair_share import fair_order
+from .params import GenerationRequest
 
 # How long a request blocked for slots lets later, smaller ones take idle slots before it. A second is
 # a dozen engine steps on a busy 2-core machine (70-85 ms a step over 16 sequences), more on a GPU:
@@ -30,6 +42,59 @@ class Waiting(Protocol):
 
     @property
     def slots_needed(self) -> int: ...
+
+
+class Queued(Protocol):
+    req: GenerationRequest  # its tenant and weight
+    choices: list  # the first choice's siblings: a request takes 1 + len(choices) slots
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+def in_share_order(waiting: Sequence[Q], held: Counter) -> Sequence[Q]:
+    """`waiting` (oldest first) in the order slots should go to it, given the slots each tenant holds. The
+    queue itself, untouched, while one tenant waits: the check is one pass over a queue of a few requests per
+    slot, and the sort runs only when keys compete."""
+    if not waiting:
+        return waiting
+    first = waiting[0].req.tenant
+    if all(g.req.tenant == first for g in waiting):
+        return waiting
+    return fair_order(waiting, lambda g: g.req.tenant, lambda g: g.req.weight, held,
+                      size_of=lambda g: 1 + len(g.choices))
+
+
+# How long a key counts as one of the model's users after its last request: while such a key has nothing
+# running or waiting, one slot is held back for it (held_back).
+RECENT_S = 60.0
+
+
+class RecentTenants:
+    """The keys that sent the model a request in the last RECENT_S seconds (under the engine's lock)."""
+
+    def __init__(self, window_s: float = RECENT_S) -> None:
+        self.window_s = window_s
+        self._last: dict[str, float] = {}
+
+    def saw(self, tenant: str, now: float) -> None:
+        self._last[tenant] = now
+        if len(self._last) > 64:  # forget the ones past the window, now and then
+            self._last = {t: at for t, at in self._last.items() if now - at <= self.window_s}
+
+    def recent(self, now: float) -> set[str]:
+        return {t for t, at in self._last.items() if now - at <= self.window_s}
+
+
+def held_back(recent: set[str], held: Counter, waiting: Iterable[Queued], slots: int) -> int:
+    """Slots kept idle for a key that used the model lately and has nothing running or waiting now: 1, while
+    the model has more than one slot; else 0. A queue order alone makes such a key's next request wait for a
+    whole generation of another key's to end; one slot held back lets it start at the next step. A key alone
+    (or a server without keys) has every slot."""
+    if slots < 2 or len(recent) < 2:
+        return 0
+    busy = {t for t, n in held.items() if n} | {g.req.tenant for g in waiting}
+    return 1 if recent - busy else 0
 
 
 def admissible(waiting: Iterable[Waiting], idle: int, now: float, backfill_s: float = BACKFILL_S) -> list[Waiting]:

@@ -11,6 +11,10 @@ grammar) is done by `prepare`, on the caller's thread, before it is queued; the 
 waiting requests out under the lock and places them in the KV (copies, prompt-cache restores and
 saves) after releasing it. Slots belong to the decode thread alone.
 
+Waiting requests take idle slots first come, first served, with bounded backfill; when several keys
+(tenants) wait, the next slot goes to the one holding the fewest slots for its weight (admission.py,
+`fair_share`).
+
 The engine knows nothing of asyncio: a step's events go out in one call of `publish`
 (stream.py's publisher hands them to each event loop in one wake-up).
 
@@ -27,14 +31,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ..config.settings import ModelSpec, place
 from . import hardware, prompt_marks
-from .admission import BACKFILL_S, admissible
+from .admission import BACKFILL_S, RecentTenants, admissible, held_back, in_share_order
 from .constraint import MaskWorker, grammar_tokenizer
 from .decode_thread import DecodeThread
 from .errors import ContextExceeded, EngineError, bad_input, internal
@@ -90,6 +94,8 @@ class LlamaEngine(DecodeThread):
         self._admitting: list[Generation] = []  # out of the queue, not yet in their slots
         self._cancelled: set[str] = set()
         self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
+        self.fair_share = spec.fair_share  # admission.py: keys share the slots by weight when they compete
+        self._recent = RecentTenants()  # admission.py: the keys that used the model lately
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
         self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
         self._outbox: list[tuple[Sink, Event]] = []
@@ -322,6 +328,7 @@ class LlamaEngine(DecodeThread):
             gone = next((a for a in gen.adapters.adapters if self._adapters.get(a.name) is not a), None)
             if gone is None and self.broken is None:
                 gen.queued_at = time.monotonic()
+                self._recent.saw(gen.req.tenant, gen.queued_at)
                 self._enqueue(gen)
                 return
         gen.free()
@@ -415,7 +422,17 @@ class LlamaEngine(DecodeThread):
         if not self._waiting:
             return []
         idle = sum(slot.state is SlotState.IDLE for slot in self._slots)
-        taken = admissible(self._waiting, idle, time.monotonic(), self.backfill_s)
+        if not idle:
+            return []
+        now, waiting = time.monotonic(), self._waiting
+        if self.fair_share:
+            held = Counter(s.gen.req.tenant for s in self._slots if s.gen is not None)
+            waiting = in_share_order(self._waiting, held)
+            # A slot kept for a key that used the model lately and is not in line now (it may be back any moment).
+            idle -= held_back(self._recent.recent(now), held, waiting, len(self._slots))
+            if idle <= 0:
+                return []
+        taken = admissible(waiting, idle, now, self.backfill_s)
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)

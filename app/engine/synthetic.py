@@ -19,11 +19,12 @@ from __future__ import annotations
 import bisect
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import ModelSpec
+from .admission import in_share_order
 from .decode_thread import DecodeThread
 from .errors import ContextExceeded, EngineError, bad_input
 from .events import Event, Failed, Finished, Started, Text
@@ -195,14 +196,21 @@ class SyntheticEngine(DecodeThread):
         self._publish([(g.sink, Failed(error)) for g in held])
 
     def _admit(self) -> list[_Generation]:
-        admitted = []
-        while self._waiting and len(self._running) + 1 + len(self._waiting[0].choices) <= self.spec.n_seq_max:
-            gen = self._waiting.popleft()
+        """In order (the fair share's between keys, as the llama.cpp engine's), while the next one fits."""
+        order = (in_share_order(self._waiting, Counter(g.req.tenant for g in self._running)) if self.spec.fair_share
+                 else self._waiting)
+        admitted, taken = [], set()
+        for gen in order:
+            if len(self._running) + 1 + len(gen.choices) > self.spec.n_seq_max:
+                break
+            taken.add(id(gen))
             if gen.req.request_id in self._cancelled:
                 continue
             group = [gen, *gen.choices]
             self._running.extend(group)
             admitted.extend(group)
+        if taken:
+            self._waiting = deque(g for g in self._waiting if id(g) not in taken)
         return admitted
 
     def _step(self, admitted: list[_Generation], decoding: list[_Generation]) -> list[tuple[Sink, Event]]:

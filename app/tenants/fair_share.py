@@ -14,8 +14,9 @@ T = TypeVar("T")
 
 
 def fair_order(waiting: Iterable[T], tenant_of: Callable[[T], Hashable], weight_of: Callable[[T], float],
-               running: Counter | None = None) -> list[T]:
-    """`waiting` (oldest first) in the order slots should go to them, given what each tenant already runs."""
+               running: Counter | None = None, size_of: Callable[[T], int] | None = None) -> list[T]:
+    """`waiting` (oldest first) in the order slots should go to them, given the slots each tenant already
+    holds (`running`); `size_of`: the slots one item takes (a request for n choices takes n), 1 without it."""
     held = Counter(running or {})
     queues: dict[Hashable, deque[tuple[int, T]]] = {}
     weights: dict[Hashable, float] = {}
@@ -30,8 +31,9 @@ def fair_order(waiting: Iterable[T], tenant_of: Callable[[T], Hashable], weight_
     while heap:
         _, _, i, tenant = heapq.heappop(heap)
         queue = queues[tenant]
-        order.append(queue.popleft()[1])
-        held[tenant] += 1
+        item = queue.popleft()[1]
+        order.append(item)
+        held[tenant] += size_of(item) if size_of is not None else 1
         if queue:
             heapq.heappush(heap, (held[tenant] / weights[tenant], queue[0][0], i, tenant))
     return order

@@ -127,3 +127,34 @@ def test_the_work_between_steps_is_part_of_a_step_not_added_to_it(monkeypatch):
         decoded = outputs[1:21]   # the first step admits; 20 decode steps follow (then close publishes nothing)
         steps = [b - a for a, b in zip(decoded, decoded[1:])]
         assert steps == pytest.approx([step_s] * 19)
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+def test_keys_share_the_synthetic_engines_slots_as_the_real_engines(fair_share):
+    spec = resolve_model(ModelConfig(id="syn", engine="synthetic", n_ctx=512, n_seq_max=2, stream_interval_ms=0,
+                                     fair_share=fair_share, synthetic=SyntheticSettings(step_ms=[(1, 1.0)])))
+    eng = SyntheticEngine(spec, SyntheticRates(*spec.synthetic), lambda items: [s(e) for s, e in items])
+    started: list[str] = []
+    done = threading.Event()
+
+    def sink(name: str):
+        def put(event) -> None:
+            if isinstance(event, Started):
+                started.append(name)
+            if isinstance(event, Finished) and len(started) == 6 and name == started[-1]:
+                done.set()
+        return put
+
+    names = [("a0", "greedy"), ("a1", "greedy"), ("a2", "greedy"), ("a3", "greedy"), ("b0", "polite"),
+             ("b1", "polite")]
+    for name, tenant in names:  # all queued before the clock starts
+        req = GenerationRequest(name, "hi", max_tokens=3, tenant=tenant, weight=2.0,
+                                sampling=SamplingParams(seed=1))
+        eng.submit(eng.prepare(req, sink(name)))
+    eng.start()
+    try:
+        assert done.wait(30), started
+        # With the fair share each key holds one of the two slots; without, the polite key waits behind all.
+        assert started == (["a0", "b0", "a1", "b1", "a2", "a3"] if fair_share else [n for n, _ in names])
+    finally:
+        eng.close()

@@ -26,6 +26,13 @@ def test_weights_share_slots_in_proportion() -> None:
     assert Counter(t for t, _ in first_six) == {"high": 4, "low": 2}
 
 
+def test_a_request_for_several_slots_counts_them_all() -> None:
+    waiting = [("wide", 4), ("wide", 1), ("narrow", 1), ("narrow", 1)]
+    by_slots = fair_order(waiting, lambda r: r[0], lambda r: 1.0, size_of=lambda r: r[1])
+    assert by_slots == [("wide", 4), ("narrow", 1), ("narrow", 1), ("wide", 1)]
+    assert order(waiting) == [("wide", 4), ("narrow", 1), ("wide", 1), ("narrow", 1)]
+
+
 def test_with_one_key_it_is_first_come_first_served() -> None:
     waiting = [("only", i) for i in range(5)]
     assert order(waiting, running={"only": 3}) == waiting
