@@ -53,6 +53,7 @@ from app.ops.ray_env import LOCAL_RAY_ENV
 from app.pools.manager import FULL_RETRY_AFTER_S
 from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 
+from .arms import take_turns
 from .servers import (
     ROOT,
     VENV_BIN,
@@ -304,14 +305,6 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def turn_order(arms: list[str], rounds: int) -> list[str]:
-    """A B, B A, A B ...: each round reverses the last, so neither arm always follows the other."""
-    out: list[str] = []
-    for r in range(rounds):
-        out += arms if r % 2 == 0 else list(reversed(arms))
-    return out
-
-
 # ---- main -------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -365,39 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = ns.out
     log_dir = start_run(out)
     weights = zipf_weights(N_MODELS, ns.zipf)
-    servers: dict[str, PoolBenchServer] = {}
-    segments: dict[str, list[dict[str, Any]]] = {a: [] for a in ns.arms}
-    failures: dict[str, str] = {}
-    try:
-        for arm in ns.arms:
-            server = PoolBenchServer(log_dir, arm, self_check=not ns.no_self_check)
-            servers[arm] = server
-            try:
-                server.start()
-                _warm(server)
-            except Exception as exc:  # noqa: BLE001 - report the other arm anyway
-                failures[arm] = f"not started: {type(exc).__name__}: {exc}".splitlines()[0]
-                server.stop()
-                del servers[arm]
-                continue
-            server.pause()
-        for n, arm in enumerate(turn_order([a for a in ns.arms if a in servers], ns.rounds)):
-            server = servers[arm]
-            server.resume()
-            try:
-                log(f"{arm}: segment {len(segments[arm]) + 1} of {ns.rounds}, {ns.duration:.0f} s")
-                seg = _segment(server, ns, n // max(len(servers), 1), weights)
-                segments[arm].append(seg)
-                row = arm_record(arm, [seg])
-                log(f"{arm}: {row['n_requests']} requests, {row['tokens_per_s']:.1f} tok/s, "
-                    f"TTFT p50 {row['ttft_p50_ms']} ms, {seg['pool']}")
-            finally:
-                server.pause()
-    except KeyboardInterrupt:
-        failures["interrupted"] = "the run was interrupted; the table is partial"
-    finally:
-        for server in servers.values():
-            server.stop()
+    def segment(arm: str, server: PoolBenchServer, n: int) -> dict[str, Any]:
+        log(f"{arm}: segment {n // len(ns.arms) + 1} of {ns.rounds}, {ns.duration:.0f} s")
+        seg = _segment(server, ns, n // max(len(ns.arms), 1), weights)
+        row = arm_record(arm, [seg])
+        log(f"{arm}: {row['n_requests']} requests, {row['tokens_per_s']:.1f} tok/s, "
+            f"TTFT p50 {row['ttft_p50_ms']} ms, {seg['pool']}")
+        return seg
+
+    segments, failures = take_turns(
+        ns.arms, ns.rounds, lambda arm: PoolBenchServer(log_dir, arm, self_check=not ns.no_self_check), segment,
+        ready=_warm)
     rows = [arm_record(arm, segs) for arm, segs in segments.items() if segs]
     text = format_table(rows, failures)
     print(text, flush=True)

@@ -40,7 +40,7 @@ import yaml
 from app.tenants.policies import key_hash
 from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 
-from .pool import turn_order
+from .arms import take_turns
 from .servers import ROOT, LlamarayServer, _run_cli, comma_names, free_port, log, start_run
 
 ARMS = {"fair": "fair_share: true (the next slot to the key holding fewer)",
@@ -208,37 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     keys_path = ROOT / "build" / "bench_tenants_keys.yaml"
     keys_path.parent.mkdir(parents=True, exist_ok=True)
     keys = keys_file(keys_path)
-    servers: dict[str, TenantsServer] = {}
-    segments: dict[str, list[dict[str, Any]]] = {a: [] for a in ns.arms}
-    failures: dict[str, str] = {}
-    try:
-        for arm in ns.arms:
-            server = TenantsServer(log_dir, arm, keys_path, ns.slots)
-            servers[arm] = server
-            try:
-                server.start()
-            except Exception as exc:  # noqa: BLE001 - report the other arm anyway
-                failures[arm] = f"not started: {type(exc).__name__}: {exc}".splitlines()[0]
-                server.stop()
-                del servers[arm]
-                continue
-            server.pause()
-        for n, arm in enumerate(turn_order([a for a in ns.arms if a in servers], ns.rounds)):
-            server = servers[arm]
-            server.resume()
-            try:
-                log(f"{arm}: segment {len(segments[arm]) + 1} of {ns.rounds}")
-                seg = asyncio.run(segment(server, keys, ns, n))
-                segments[arm].append(seg)
-                row = arm_row(arm, [seg])
-                log(f"{arm}: polite TTFT p50 alone {row['alone_ttft_p50_ms']} ms, beside {row['beside_ttft_p50_ms']} ms")
-            finally:
-                server.pause()
-    except KeyboardInterrupt:
-        failures["interrupted"] = "the run was interrupted; the table is partial"
-    finally:
-        for server in servers.values():
-            server.stop()
+    def measured(arm: str, server: TenantsServer, n: int) -> dict[str, Any]:
+        log(f"{arm}: segment {n // len(ns.arms) + 1} of {ns.rounds}")
+        seg = asyncio.run(segment(server, keys, ns, n))
+        row = arm_row(arm, [seg])
+        log(f"{arm}: polite TTFT p50 alone {row['alone_ttft_p50_ms']} ms, beside {row['beside_ttft_p50_ms']} ms")
+        return seg
+
+    segments, failures = take_turns(ns.arms, ns.rounds, lambda arm: TenantsServer(log_dir, arm, keys_path, ns.slots),
+                                    measured)
     rows = [arm_row(arm, segs) for arm, segs in segments.items() if segs]
     print(format_table(rows, failures), flush=True)
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),

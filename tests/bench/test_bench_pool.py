@@ -17,9 +17,9 @@ from bench.pool import (
     model_ids,
     model_of,
     pool_counts,
-    turn_order,
     zipf_weights,
 )
+from bench.arms import turn_order
 from loadtools.loadgen import RequestResult
 
 

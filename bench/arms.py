@@ -1,0 +1,65 @@
+"""Benchmarks that compare configurations of one server ("arms") side by side: every arm's server is started
+once, then the arms take turns, the idle ones paused (SIGSTOP), so what the machine does from one minute to
+the next falls on every arm alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class ArmServer(Protocol):
+    def start(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def turn_order(arms: list[str], rounds: int) -> list[str]:
+    """A B, B A, A B ...: each round reverses the last, so neither arm always follows the other."""
+    out: list[str] = []
+    for r in range(rounds):
+        out += arms if r % 2 == 0 else list(reversed(arms))
+    return out
+
+
+def take_turns(arms: list[str], rounds: int, make: Callable[[str], ArmServer],
+               segment: Callable[[str, Any, int], dict[str, Any]],
+               ready: Callable[[Any], None] = lambda server: None,
+               ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Each arm's server made (`make`), started and readied (`ready`: a warm-up), then paused; then `rounds`
+    turns each in `turn_order`, `segment(arm, server, n)` measuring one (n: the turn's index). Returns each
+    arm's segments and why an arm failed; the servers are stopped whatever happens. An arm that does not
+    start is reported and the others still run; Ctrl-C ends the run with what it has."""
+    servers: dict[str, Any] = {}
+    segments: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    failures: dict[str, str] = {}
+    try:
+        for arm in arms:
+            server = make(arm)
+            servers[arm] = server
+            try:
+                server.start()
+                ready(server)
+            except Exception as exc:  # noqa: BLE001 - report the other arm anyway
+                failures[arm] = f"not started: {type(exc).__name__}: {exc}".splitlines()[0]
+                server.stop()
+                del servers[arm]
+                continue
+            server.pause()
+        for n, arm in enumerate(turn_order([a for a in arms if a in servers], rounds)):
+            server = servers[arm]
+            server.resume()
+            try:
+                segments[arm].append(segment(arm, server, n))
+            finally:
+                server.pause()
+    except KeyboardInterrupt:
+        failures["interrupted"] = "the run was interrupted; the table is partial"
+    finally:
+        for server in servers.values():
+            server.stop()
+    return segments, failures
