@@ -63,9 +63,15 @@ class ModelCard:
     created: int = 0
     parent: str | None = None  # a LoRA adapter's card (`<base>:<adapter>`): its base model's id
     pool: str = ""  # the pool that loads it on demand (none: a deployment of its own)
+    kind: str | None = None  # chat, embedding or rerank: which routes take it
+    max_model_len: int | None = None  # its context, in tokens (vLLM's name for it)
 
     def to_dict(self) -> dict[str, Any]:
         card = {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
+        if self.kind is not None:
+            card["kind"] = self.kind
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
         if self.parent is not None:  # as vLLM lists its LoRA modules
             card.update(parent=self.parent, root=self.parent)
         if self.pool:
@@ -460,7 +466,8 @@ def model_cards(specs: list[Any]) -> list[ModelCard]:
     created = int(time.time())
     cards = []
     for s in specs:
-        cards.append(ModelCard(id=s.id, owned_by=s.owned_by, created=created, pool=getattr(s, "pool", "")))
-        cards += [ModelCard(id=f"{s.id}:{a.name}", owned_by=s.owned_by, created=created, parent=s.id)
+        about = {"kind": getattr(s, "kind", None), "max_model_len": getattr(s, "n_ctx", None)}
+        cards.append(ModelCard(id=s.id, owned_by=s.owned_by, created=created, pool=getattr(s, "pool", ""), **about))
+        cards += [ModelCard(id=f"{s.id}:{a.name}", owned_by=s.owned_by, created=created, parent=s.id, **about)
                   for a in getattr(s, "adapters", ())]
     return cards

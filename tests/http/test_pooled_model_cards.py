@@ -22,3 +22,18 @@ def test_pooled_models_carry_their_pool_and_state():
         assert {m: (data[m]["pool"], data[m]["state"]) for m in "abc"} == {
             "a": ("tail", "loaded"), "b": ("tail", "loading"), "c": ("tail", "available")}
         assert client.get("/v1/models/b").json()["state"] == "loading"
+
+
+def test_each_card_says_its_kind_and_context_from_its_spec(bundled_spec):
+    from dataclasses import replace
+
+    from app.config.settings import AdapterSpec
+    from app.http.server import model_cards
+
+    spec = replace(bundled_spec, id="chatty", n_ctx=1024, adapters=(AdapterSpec(name="a1", path="/x.gguf"),))
+    embedder = replace(bundled_spec, id="vectors", kind="embedding", n_ctx=512, adapters=())
+    cards = {c.id: c.to_dict() for c in model_cards([spec, embedder])}
+    assert (cards["chatty"]["kind"], cards["chatty"]["max_model_len"]) == ("chat", 1024)
+    assert (cards["chatty:a1"]["kind"], cards["chatty:a1"]["max_model_len"], cards["chatty:a1"]["parent"]) == (
+        "chat", 1024, "chatty")
+    assert (cards["vectors"]["kind"], cards["vectors"]["max_model_len"]) == ("embedding", 512)
