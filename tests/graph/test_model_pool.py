@@ -1,4 +1,4 @@
-"""A pool through a real app of its own, in each topology: four copies of the bundled GGUF under different ids
+"""A pool through a real app of its own, in each topology: six copies of the bundled GGUF under different ids
 in one pool with `max_models: 2` and one of them pinned. Graph: two LlamaPool replicas of one CPU each (the
 machine's two cores), so Serve's multiplexed routing chooses among replicas; single: the Ingress's one pool.
 Every model answers; /v1/models lists each with its state; a cold model's stream shows keep-alive comments
@@ -16,7 +16,7 @@ from tests.support.serve_harness import BUNDLED, POOL, SHAPES, ServeCluster, fre
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PINNED = "pool-a"
-MODELS = [PINNED, "pool-b", "pool-c", "pool-d"]
+MODELS = [PINNED, "pool-b", "pool-c", "pool-d", "pool-e", "pool-f"]  # the issue's six
 POOL_NAME = "tail"
 KEEPALIVE_S = 0.1
 
@@ -110,7 +110,7 @@ def test_a_cold_models_stream_keeps_alive_while_it_loads_then_answers(client):
 
 
 def test_every_model_answers_and_evictions_reach_metrics(pcluster, client):
-    for model in [*MODELS, *reversed(MODELS)]:  # 3 unpinned models through 1 free slot per replica
+    for model in [*MODELS, *reversed(MODELS)]:  # 5 unpinned models through 1 free slot per replica
         r = client.post("/v1/chat/completions", json=chat(model))
         assert r.status_code == 200, r.text
         body = r.json()
