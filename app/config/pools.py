@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..model_sources.source import SourceError, parse_source
 from ..model_sources.splits import is_later_part, split_parts
 from .settings import MODEL_ID_RE, ModelConfig, PoolConfig, resolve_path
 
@@ -60,7 +61,8 @@ def expand_pools(models: list[ModelConfig], pools: list[PoolConfig]) -> list[Mod
     for pool in pools:
         members = [m.id for m in out if m.pool == pool.name]
         if not members:
-            raise ValueError(f"pool {pool.name!r} serves no model: give models `pool: {pool.name}` or a `catalogue`")
+            raise ValueError(f"pool {pool.name!r} serves no model: give models `pool: {pool.name}`, a `catalogue` "
+                             f"or a `hub` list")
         stray = [p for p in pool.pinned if p not in members]
         if stray:
             raise ValueError(f"pool {pool.name!r} pins {stray[0]!r}, which is not one of its models "
@@ -75,22 +77,40 @@ def expand_pools(models: list[ModelConfig], pools: list[PoolConfig]) -> list[Mod
 
 
 def catalogue_models(pool: PoolConfig) -> list[ModelConfig]:
-    """A model entry per model of the pool's catalogue directory (pool.model_defaults under each)."""
-    if pool.catalogue is None:
-        return []
+    """A model entry per model of the pool's catalogue directory and of its hub list (pool.model_defaults
+    under each)."""
+    found = catalogue_entries(pool) if pool.catalogue is not None else []
+    entries = [(f.id, {"model_path": str(f.path)} | ({"mmproj_path": str(f.projector)} if f.projector else {}))
+               for f in found]
+    entries += [(hub_model_id(pool, source), {"model_path": source}) for source in pool.hub]
     out = []
-    for found in catalogue_entries(pool):
-        entry = {**pool.model_defaults, "id": found.id, "model_path": str(found.path), "pool": pool.name}
-        if found.projector is not None and "mmproj_path" not in pool.model_defaults:
-            entry["mmproj_path"] = str(found.projector)
+    for model_id, paths in entries:
+        entry = {**pool.model_defaults, "id": model_id, "pool": pool.name, "model_path": paths["model_path"]}
+        if "mmproj_path" in paths and "mmproj_path" not in pool.model_defaults:
+            entry["mmproj_path"] = paths["mmproj_path"]
         try:
             out.append(ModelConfig.model_validate(entry))
         except ValidationError as exc:
             err = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in err["loc"]) or "entry"
-            raise ValueError(f"pool {pool.name!r}: catalogue model {found.id!r}: `{where}`: "
+            raise ValueError(f"pool {pool.name!r}: catalogue model {model_id!r}: `{where}`: "
                              f"{err['msg'].removeprefix('Value error, ')}") from None
     return out
+
+
+def hub_model_id(pool: PoolConfig, source: str) -> str:
+    """The id of a hub-list model: its source without the revision (`org/repo:quant`, or `org/repo/file` for
+    an hf:// file); a ValueError for what is not a Hub GGUF."""
+    try:
+        parsed = parse_source(source)
+    except SourceError as exc:
+        raise ValueError(f"pool {pool.name!r}: hub entry {source!r}: {exc}") from None
+    if parsed.kind != "hf":
+        raise ValueError(f"pool {pool.name!r}: hub entry {source!r} is not a Hugging Face Hub GGUF: write "
+                         f"<org>/<repo>:<quant> or hf://<org>/<repo>/<file.gguf> (other sources go in `models`)")
+    if parsed.filename is not None:
+        return f"{parsed.repo}/{parsed.filename.removesuffix('.gguf')}"
+    return f"{parsed.repo}:{parsed.quant}"
 
 
 def catalogue_entries(pool: PoolConfig) -> list[CatalogueEntry]:

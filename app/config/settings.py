@@ -419,8 +419,14 @@ class PoolConfig(BaseModel):
                                                     "mmproj_path; a subdirectory with one model's GGUF is a model "
                                                     "named after it, an mmproj*.gguf in it its projector. An entry "
                                                     "of `models` with that id and `pool` configures it instead")
+    hub: list[str] = Field(default_factory=list, description="Hugging Face Hub GGUFs of this pool, each "
+                           "<org>/<repo>:<quant> (the repo's GGUF of that quantization) or hf://<org>/<repo>/<file.gguf>, "
+                           "with an optional @<revision>: each a model whose id is the source without its revision "
+                           "(`<org>/<repo>:<quant>`, or `<org>/<repo>/<file>` without .gguf), fetched by the "
+                           "replica that first loads it. An entry of `models` with that id and `pool` configures it "
+                           "instead")
     model_defaults: dict[str, Any] = Field(default_factory=dict, description="model-entry keys for the catalogue's "
-                                           "models (n_ctx, n_seq_max, n_threads...)")
+                                           "and the hub list's models (n_ctx, n_seq_max, n_threads...)")
 
     @field_validator("name")
     @classmethod

@@ -163,3 +163,27 @@ def test_check_config_names_the_catalogues_models_and_v1_models_lists_them(tmp_p
         data = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
     assert {m: (data[m]["pool"], data[m]["state"]) for m in data} == {"alpha": ("tail", "available"),
                                                                      "beta": ("tail", "available")}
+
+
+def test_a_hub_list_names_the_pools_models_by_their_source():
+    args = parse_args({"models": [entry("own", pool="tail", n_ctx=256)], "pools": [{
+        "name": "tail", "model_defaults": {"n_ctx": 1024},
+        "hub": ["bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M@abc123",
+                "hf://unsloth/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q4_0.gguf"]}]})
+    by_id = {m.id: m for m in args.models}
+    assert set(by_id) == {"own", "bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M", "unsloth/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q4_0"}
+    quant = by_id["bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M"]
+    assert quant.model_path == "bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M@abc123"  # the pinned revision kept
+    assert quant.pool == "tail" and quant.n_ctx == 1024
+
+
+@pytest.mark.parametrize("source", ["/models/x.gguf", "https://example.com/x.gguf", "hf://org/repo", "pkg:x/y.gguf"])
+def test_a_hub_entry_that_is_not_a_hub_gguf_is_refused_naming_it(source):
+    msg = refused({"pools": [{"name": "tail", "hub": [source]}]})
+    assert "pool 'tail': hub entry" in msg and source in msg
+
+
+def test_a_hub_model_also_in_models_of_another_deployment_is_refused():
+    msg = refused({"models": [entry("org/repo:Q4_0", pool=None), entry("other")],
+                   "pools": [{"name": "tail", "hub": ["org/repo:Q4_0"]}]})
+    assert "both an entry of `models`" in msg

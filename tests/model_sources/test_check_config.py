@@ -36,3 +36,12 @@ def test_check_config_fails_on_a_header_it_needs_and_cannot_read(hub, tmp_path, 
     assert main(["check-config", str(path)]) == 1
     err = capsys.readouterr().err
     assert "cannot read the GGUF header of 'hf://test-org/gone/m.gguf'" in err and "set `chat_template`" in err
+
+
+def test_a_pools_hub_list_is_read_from_the_hub_like_any_model_source(hub, tmp_path, capsys):
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump({"applications": [{"name": "llamaray", "args": {
+        "models": [], "pools": [{"name": "tail", "hub": [f"{REPO}:Q4_1"]}]}}]}))
+    assert main(["check-config", str(path), "--capacity", "none"]) == 0
+    out = capsys.readouterr().out
+    assert f"model '{REPO}:Q4_1' (chat): hf://{REPO}/{FILE}@{COMMIT}" in out and "header read by range requests" in out
