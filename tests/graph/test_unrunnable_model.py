@@ -45,7 +45,7 @@ def test_health_names_the_model_and_the_cause(cluster):
     assert body["status"] == "unavailable" and body["models"] == {MODEL: True, BROKEN: False}
     why = body["errors"][BROKEN]
     assert f"model '{BROKEN}'" in why and "cut.gguf" in why and "corrupted or incomplete" in why, why
-    assert "/models" not in why and str(cluster.config).count("cut.gguf") and "Traceback" not in why, why
+    assert "/models" not in why and "Traceback" not in why, why  # the file by name, never its path
 
 
 def test_requests_get_a_503_with_the_reason_and_other_models_serve(cluster):
