@@ -16,7 +16,7 @@ and ships it to the callers by value, so this module stays small and imports app
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from ray.serve.request_router import (
     FIFOMixin, MultiplexMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica,
@@ -30,16 +30,22 @@ from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 logger = logging.getLogger("ray.serve")
 
 
+T = TypeVar("T")
+
+
+def argument_of(pending_request: PendingRequest | None, kind: type[T]) -> T | None:
+    """The call's first argument of type `kind` (None: no call, or none of that type)."""
+    if pending_request is None:
+        return None
+    return next((a for a in (*pending_request.args, *pending_request.kwargs.values()) if isinstance(a, kind)), None)
+
+
 def prompt_of(pending_request: PendingRequest | None) -> tuple[str, str] | None:
     """The rendered prompt of a `generate(GenerationRequest)` call and its scope (its cache scope and LoRA
     adapters: prefixes are matched within a scope only); None for every other method (`run` with its job,
     replica_info), which go by load."""
-    if pending_request is None:
-        return None
-    for arg in (*pending_request.args, *pending_request.kwargs.values()):
-        if isinstance(arg, GenerationRequest):
-            return arg.prompt, arg.prefix_scope
-    return None
+    gen = argument_of(pending_request, GenerationRequest)
+    return None if gen is None else (gen.prompt, gen.prefix_scope)
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -135,12 +141,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
 def named_replica(pending_request: PendingRequest | None) -> str | None:
     """The replica an admin job names (app/pools/admin.py `PoolJob.replica`; None: any other call, or a job for
     wherever its model is routed)."""
-    if pending_request is None:
-        return None
-    for arg in (*pending_request.args, *pending_request.kwargs.values()):
-        if isinstance(arg, PoolJob):
-            return arg.replica
-    return None
+    job = argument_of(pending_request, PoolJob)
+    return None if job is None else job.replica
 
 
 class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):

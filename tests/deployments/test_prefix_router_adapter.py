@@ -192,3 +192,23 @@ def test_a_pool_goes_to_the_replicas_holding_the_model_then_to_the_one_holding_t
         assert names(await router.choose_replicas([a, b, c], for_model("m2", turn2))) == [["c"]]
 
     asyncio.run(run())
+
+
+def test_a_pool_job_naming_its_replica_goes_there_and_one_naming_a_gone_replica_goes_by_the_model():
+    from app.pools.admin import UnloadJob
+
+    def job_for(replica: str) -> PendingRequest:
+        return PendingRequest(args=[UnloadJob(replica=replica)], kwargs={}, metadata=RequestMetadata(
+            request_id="j", internal_request_id="j", multiplexed_model_id="m1"))
+
+    async def run():
+        a, b, c = StandIn("a", models=("m1",)), StandIn("b", models=("m1",)), StandIn("c", models=("m2",))
+        router = await new_router(a, b, c, router_class=PoolAffinityRouter)
+        # Each replica that may hold the model is reached by name, the one not holding it too (an unpin of all).
+        assert names(await router.choose_replicas([a, b, c], job_for("b"))) == [["b"]]
+        assert names(await router.choose_replicas([a, b, c], job_for("c"))) == [["c"]]
+        # Gone meanwhile: routed as the model's calls are (a replica that answers `replica_gone`).
+        assert sorted(n for rank in names(await router.choose_replicas([a, b, c], job_for("z"))) for n in rank) == \
+            ["a", "b"]
+
+    asyncio.run(run())
