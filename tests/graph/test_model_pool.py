@@ -11,8 +11,7 @@ import time
 import httpx
 import pytest
 
-from app.ops.pools import pool_deployment_name
-from tests.support.serve_harness import BUNDLED, POOL, SHAPES, ServeCluster, free_port, load_config, sse_json
+from tests.support.serve_harness import pool_deployments, BUNDLED, POOL, SHAPES, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PINNED = "pool-a"
@@ -30,17 +29,7 @@ def pool_config(shape: str) -> dict:
     app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED]}]
     app["args"]["limits"] = {"stream_keepalive_s": KEEPALIVE_S}
     app["args"]["topology"] = shape
-    if shape == "single":
-        app["deployments"] = [{"name": "Ingress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
-                               "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
-    else:
-        app["deployments"] = [
-            {"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
-            {"name": "ChatProcessor", "ray_actor_options": {"num_cpus": 0}},
-            {"name": pool_deployment_name(POOL_NAME), "max_ongoing_requests": 4,
-             "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
-             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}},
-        ]
+    app["deployments"] = pool_deployments(shape, POOL_NAME, max_ongoing_requests=4)
     return config
 
 

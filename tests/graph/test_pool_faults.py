@@ -19,7 +19,7 @@ import pytest
 
 from app.config.settings import resolve_path
 from app.ops.pools import pool_deployment_name
-from tests.support.serve_harness import APP, BUNDLED, POOL, ServeCluster, load_config, sse_json
+from tests.support.serve_harness import pool_deployments, APP, BUNDLED, POOL, ServeCluster, load_config, sse_json
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -39,17 +39,7 @@ def faults_config(shape: str, cut: Path) -> dict:
                              {"id": CUT, "model_path": str(cut), **common}]
     app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 3, "failed_load_retry_s": RETRY_S}]
     app["args"]["topology"] = shape
-    if shape == "single":
-        app["deployments"] = [{"name": "Ingress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
-                               "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
-    else:
-        app["deployments"] = [
-            {"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
-            {"name": "ChatProcessor", "ray_actor_options": {"num_cpus": 0}},
-            {"name": pool_deployment_name(POOL_NAME), "max_ongoing_requests": 6,
-             "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
-             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}},
-        ]
+    app["deployments"] = pool_deployments(shape, POOL_NAME, max_ongoing_requests=6)
     return config
 
 

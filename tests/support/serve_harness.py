@@ -89,6 +89,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pool_deployments(shape: str, pool: str, max_ongoing_requests: int) -> list[dict[str, Any]]:
+    """The `deployments:` of a pool-only app on this 2-core machine: `single`, the Ingress holding the pool on one
+    CPU; `graph`, a front door of no CPU and two pool replicas of one CPU each (so Serve's multiplexed routing has
+    replicas to choose among)."""
+    from app.ops.pools import pool_deployment_name
+
+    if shape == "single":
+        return [{"name": "Ingress", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+                 "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
+    return [{"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
+            {"name": "ChatProcessor", "ray_actor_options": {"num_cpus": 0}},
+            {"name": pool_deployment_name(pool), "max_ongoing_requests": max_ongoing_requests,
+             "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
+             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
+
+
 def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
     """serve_config.yaml with overlays (paths relative to the repo, or dicts) merged in order."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
