@@ -61,17 +61,27 @@ def test_an_unload_unpins_and_frees_the_model_before_it_answers():
     asyncio.run(run())
 
 
+async def in_use(manager: PoolManager, model_id: str, release: asyncio.Event) -> asyncio.Future:
+    """A request holding `model_id` until `release` is set, once it holds it (its load done, its use counted)."""
+
+    async def request():
+        async with manager.use(model_id):
+            await release.wait()
+
+    running = asyncio.ensure_future(request())
+    for _ in range(500):
+        entry = manager.entries.get(model_id)
+        if entry is not None and entry.active == 1 and entry.host is not None:
+            return running
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the request never held {model_id!r}")
+
+
 def test_an_unload_waits_for_the_requests_in_flight_then_unloads():
     async def run():
         manager, loader, _ = make()
         release = asyncio.Event()
-
-        async def request():
-            async with manager.use("a"):
-                await release.wait()
-
-        running = asyncio.ensure_future(request())
-        await asyncio.sleep(0.01)
+        running = await in_use(manager, "a", release)
         unload = asyncio.ensure_future(manager.unload("a", wait_s=5))
         await asyncio.sleep(0.1)
         assert not unload.done() and manager.state("a") == "loaded"  # waits, the request keeps its engine
@@ -86,13 +96,7 @@ def test_an_unload_of_a_model_busy_past_the_bound_is_a_409_and_changes_nothing()
     async def run():
         manager, loader, _ = make(pinned=("a",))
         release = asyncio.Event()
-
-        async def request():
-            async with manager.use("a"):
-                await release.wait()
-
-        running = asyncio.ensure_future(request())
-        await asyncio.sleep(0.01)
+        running = await in_use(manager, "a", release)
         with pytest.raises(APIError) as busy:
             await manager.unload("a", wait_s=0.1)
         assert busy.value.status == 409 and busy.value.code == "model_busy" and "serving 1 request" in busy.value.message
