@@ -9,6 +9,7 @@ the budget is checked against what settled requests used plus an estimate per re
 from __future__ import annotations
 
 import calendar
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .policies import KeyPolicy
+
+log = logging.getLogger("llamaray.tenants")
 
 # A request that used more tokens than a minute's allowance puts the key in debt of at most one minute's
 # worth: it waits a minute at most, not hours, for one oversized reply.
@@ -281,9 +284,41 @@ class Ledger:
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """A snapshot taken by an earlier ledger: its usage at once, its budgets as each key is next seen (a
-        budget counts only in the period it was taken in)."""
-        for name, models in (snapshot.get("usage") or {}).items():
-            for model, counts in models.items():
-                self._add_usage(name, model, Usage(**{k: int(v) for k, v in counts.items()}))
-        for name, (period, ends, used) in (snapshot.get("budgets") or {}).items():
-            self._restored_budgets[name] = (str(period), float(ends), int(used))
+        budget counts only in the period it was taken in). An entry that is not what `snapshot` writes (a file
+        edited by hand, or damaged) is skipped with a warning: the ledger starts with the rest."""
+        usage, budgets = snapshot.get("usage"), snapshot.get("budgets")
+        for name, models in (usage.items() if isinstance(usage, dict) else ()):
+            for model, counts in (models.items() if isinstance(models, dict) else ()):
+                restored = _restored_usage(counts)
+                if restored is None:
+                    log.warning("usage snapshot: the entry of key %r, model %r is not usage; skipped", name, model)
+                    continue
+                self._add_usage(str(name), str(model), restored)
+        for name, entry in (budgets.items() if isinstance(budgets, dict) else ()):
+            budget = _restored_budget(entry)
+            if budget is None:
+                log.warning("usage snapshot: the budget of key %r is not [period, ends, used]; skipped", name)
+                continue
+            self._restored_budgets[str(name)] = budget
+
+
+def _count(value: Any) -> int | None:
+    """A count as a snapshot holds it: a non-negative whole number (bool, float and text are not)."""
+    return value if type(value) is int and 0 <= value <= 10**18 else None
+
+
+def _restored_usage(counts: Any) -> Usage | None:
+    if not isinstance(counts, dict) or set(counts) - set(Usage().to_dict()):
+        return None
+    values = {k: _count(v) for k, v in counts.items()}
+    return None if None in values.values() else Usage(**values)
+
+
+def _restored_budget(entry: Any) -> tuple[str, float, int] | None:
+    if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+        return None
+    period, ends, used = entry
+    if not isinstance(period, str) or type(ends) not in (int, float) or not math.isfinite(ends) \
+            or _count(used) is None:
+        return None
+    return period, float(ends), used

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.tenants.headers import anthropic_headers, duration, openai_headers
@@ -173,3 +174,24 @@ def test_a_request_never_settled_is_let_go_after_the_hold_so_its_key_is_not_bloc
     assert not ledger.admit(p).admitted  # the replica that admitted the first died: no settle comes
     now[0] += IN_FLIGHT_HOLD_S + 1
     assert ledger.admit(p).admitted
+
+
+@pytest.mark.parametrize("bad", [
+    {"usage": {"team": {"m": {"requests": 1, "bogus": 2}}}},   # a field a snapshot never holds
+    {"usage": {"team": {"m": {"requests": -5}}}},              # negative
+    {"usage": {"team": {"m": {"requests": 1.5}}}},             # not a whole number
+    {"usage": {"team": {"m": {"requests": True}}}},            # a bool is no count
+    {"usage": {"team": {"m": {"requests": 10**30}}}},          # past any real count
+    {"usage": {"team": "many"}, "budgets": {"team": [1]}},     # wrong shapes
+    {"usage": ["team"], "budgets": ["team"]},
+    {"budgets": {"team": ["2026-12-02", float("nan"), 5]}},    # a non-finite time
+    {"budgets": {"team": ["2026-12-02", 1e18, -1]}},
+])
+def test_a_damaged_snapshot_is_skipped_entry_by_entry_never_crashing_the_ledger(bad) -> None:
+    good = {"usage": {"other": {"m": {"requests": 2, "prompt_tokens": 7, "cached_tokens": 0, "completion_tokens": 3}}}}
+    ledger = Ledger()
+    ledger.restore({**bad, "usage": {**good["usage"], **(bad.get("usage") if isinstance(bad.get("usage"), dict)
+                                                         else {})}})
+    report = ledger.usage_report()["keys"]
+    assert report["other"]["models"]["m"] == good["usage"]["other"]["m"]  # the rest restored
+    assert "team" not in report and "team" not in ledger._restored_budgets  # nothing of the damaged entries
