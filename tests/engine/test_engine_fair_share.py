@@ -148,8 +148,10 @@ def test_a_slot_is_held_back_for_a_key_that_used_the_model_lately(bundled_spec, 
         engine.start()
         submit(engine, log, "p0", "polite", 2.0, story, 1)
         log.wait(lambda: "p0" in log.finished, "polite's first request")
-        for i in range(3):
-            submit(engine, log, f"g{i}", "greedy", 2.0, story, 24)
+        for i in range(3):  # long, and with the end-of-text tokens banned: g0 outlasts p1 even on a stalled machine
+            gen = replace(request(f"g{i}", "greedy", 2.0, story, 96),
+                          sampling=SamplingParams(temperature=0.0, logit_bias=[(t, -100.0) for t in (0, 1, 2)]))
+            engine.submit(engine.prepare(gen, log.sink(f"g{i}")))
         log.wait(lambda: log.started[-1:] == ["g0"], "greedy's first request")
         assert engine.stats()["running"] == 1  # the other slot is held back, g1 and g2 wait
         submit(engine, log, "p1", "polite", 2.0, story, 1)
