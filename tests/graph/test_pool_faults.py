@@ -167,7 +167,8 @@ def test_a_replica_killed_mid_load_loses_only_its_own_requests(fcluster, client)
     def stream_survivor() -> None:
         with httpx.Client(base_url=fcluster.url, timeout=300) as c, c.stream(
                 "POST", "/v1/chat/completions",
-                json=chat(GOOD_A, stream=True, max_tokens=160, logit_bias=NO_END)) as r:
+                json=chat(GOOD_A, stream=True, max_tokens=160, logit_bias=NO_END,
+                          stream_options={"include_usage": True})) as r:
             parts = []
             for piece in r.iter_text():
                 parts.append(piece)
@@ -205,7 +206,9 @@ def test_a_replica_killed_mid_load_loses_only_its_own_requests(fcluster, client)
     assert stream_result["status"] == 200
     chunks, events = sse_json(stream_result["body"])
     assert events[-1] == "[DONE]" and not any("error" in c for c in chunks), stream_result["body"][-400:]
-    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) >= 100
+    # Whole: every token of it (a chunk may carry several tokens, so they are counted by its usage, not chunks).
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 160, chunks[-1]
     for _ in range(3):
         assert_answers(client, GOOD_A)
     assert any(rid == survivor for rid, _ in replicas()[deployment])
