@@ -406,7 +406,7 @@ def instances(schema: dict[str, Any]) -> Any:
     if t == "number":
         return st.floats(allow_nan=False, allow_infinity=False) | st.integers(-10**15, 10**15)
     if t == "string":
-        chars = st.characters(blacklist_categories=("Cs", "Cn"), blacklist_characters="\x7f")
+        chars = st.characters(blacklist_categories=("Cs", "Cn"))
         return st.text(chars, min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", 8))
     if t == "array":
         return st.lists(instances(schema["items"]), min_size=schema["minItems"], max_size=schema["maxItems"])
@@ -455,7 +455,9 @@ def test_random_schemas_accept_valid_and_reject_invalid(judge, schema, data):
     g = grammar(schema)
     validator = jsonschema.Draft202012Validator(schema)
     compact = data.draw(st.booleans())
-    dump = lambda doc: json.dumps(doc, ensure_ascii=False, separators=(",", ":") if compact else None)  # noqa: E731
+    # llguidance has the model write DEL as \u007f, as it does the C0 controls; the document parses the same.
+    dump = lambda doc: json.dumps(doc, ensure_ascii=False, separators=(",", ":") if compact else None).replace(  # noqa: E731
+        "\x7f", "\\u007f")
     for doc in data.draw(st.lists(instances(schema), min_size=1, max_size=3)):
         assert validator.is_valid(doc), (schema, doc)
         if not judge.round_trips(dump(doc)):
