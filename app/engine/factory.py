@@ -13,7 +13,7 @@ import logging
 from ..config.settings import ModelSpec
 from . import hardware
 from .protocol import Engine
-from .selfcheck import run_self_check
+from .selfcheck import self_check_once
 
 log = logging.getLogger("llamaray.engine")
 
@@ -30,7 +30,7 @@ def start_engine(spec: ModelSpec) -> Engine:
 
         return SyntheticEngine(spec, SyntheticRates(*spec.synthetic), publish_to_loops).start()
     if spec.startup_self_check:
-        report = run_self_check(spec)
+        report = self_check_once(spec)
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
                  "on" if report.get("extra_buffers") else "off",
                  hardware.describe(report.get("system_info"), report.get("cpu_backend")))

@@ -26,6 +26,10 @@ from . import hardware
 
 TIMEOUT_S = 600.0
 _APP_ROOT = str(Path(__file__).resolve().parents[2])
+# Checks this process has seen pass, by what the child was given and the file's identity. A pool loads the same
+# GGUF again after each eviction; the check is about this machine's llama.cpp and that file, neither of which
+# changed, and its child (a second load and a decode) costs more than the load it guards.
+_passed: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 class EngineUnavailable(RuntimeError):
@@ -43,6 +47,26 @@ def _signal_name(returncode: int) -> str:
         return signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
+
+
+def _check_key(spec: ModelSpec) -> tuple[Any, ...] | None:
+    try:
+        st = os.stat(spec.path)
+    except OSError:
+        return None
+    return (json.dumps(_child_params(spec), sort_keys=True), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def self_check_once(spec: ModelSpec, run: Any = None) -> dict[str, Any]:
+    """`run_self_check(spec)`, unless the same check of the same file passed in this process before (its report
+    then). A failure is never remembered: the next load checks again."""
+    key = _check_key(spec)
+    if key is not None and key in _passed:
+        return _passed[key]
+    report = (run or run_self_check)(spec)
+    if key is not None:
+        _passed[key] = report
+    return report
 
 
 def run_self_check(spec: ModelSpec, timeout_s: float = TIMEOUT_S, command: list[str] | None = None) -> dict[str, Any]:
