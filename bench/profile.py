@@ -23,7 +23,7 @@ from pathlib import Path
 
 from loadtools.loadgen import DEFAULT_PROMPTS, run_closed_loop
 
-from .procs import sample, tier_of
+from .procs import parse_stat, sample, tier_of
 from .servers import ROOT, SERVERS, VENV_BIN, log
 
 PROFILED_TIERS = ("ingress", "chat_processor", "model", "proxy")
@@ -36,6 +36,20 @@ def tier_pids(sid: int, app: str = "llamaray") -> dict[str, list[int]]:
         tier = tier_of(s.title, app)
         if tier in PROFILED_TIERS:
             out.setdefault(tier, []).append(pid)
+    return out
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds each thread of `pid` has used, by `name (tid)`: what the threads really ran, where py-spy's
+    non-blocking samples count a thread waiting in native code (Ray's core worker, epoll) as busy."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            _, cpu_s = parse_stat((task / "stat").read_text())
+            name = (task / "comm").read_text().strip()
+        except (OSError, IndexError, ValueError):
+            continue
+        out[f"{name} ({task.name})"] = cpu_s
     return out
 
 
@@ -87,6 +101,7 @@ async def level(server, concurrency: int, seconds: float, out: Path, rate: int) 
     samplers = {(tier, pid): record(pid, seconds, out / f"{tier}-{pid}-c{concurrency}", rate)
                 for tier, ps in pids.items() for pid in ps}
     done: list[int] = []
+    cpu0 = {pid: thread_cpu(pid) for ps in pids.values() for pid in ps}
     t0 = time.perf_counter()
     load = asyncio.ensure_future(run_closed_loop(
         server.base_url, server.model, concurrency, 10_000, DEFAULT_PROMPTS, max_tokens=128, seed_base=1000,
@@ -94,6 +109,7 @@ async def level(server, concurrency: int, seconds: float, out: Path, rate: int) 
     await asyncio.sleep(seconds + 1)
     load.cancel()
     wall = time.perf_counter() - t0
+    cpu1 = {pid: thread_cpu(pid) for pid in cpu0}
     for procs in samplers.values():
         for p in procs:
             p.wait(timeout=60)
@@ -105,6 +121,11 @@ async def level(server, concurrency: int, seconds: float, out: Path, rate: int) 
         raw = out / f"{tier}-{pid}-c{concurrency}.txt"
         print(f"\n== {server.name} c={concurrency} {tier} (pid {pid}), {wall:.0f} s, {len(done)} requests ended, "
               f"{sum(done) / wall:.1f} tok/s in them: {raw.with_suffix('.svg')}")
+        used = {t: cpu1[pid][t] - cpu0[pid].get(t, 0.0) for t in cpu1[pid]}
+        print(f"  CPU by thread (/proc): {sum(used.values()) / wall:.2f} cores in all")
+        for t, s in sorted(used.items(), key=lambda kv: -kv[1]):
+            if s >= 0.01 * wall:
+                print(f"  {s / wall:6.3f} cores  {t}")
         print("\n".join(summarise(collapsed(raw))))
 
 
