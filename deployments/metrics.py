@@ -88,6 +88,10 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "vllm_request_inference_time_seconds": ("histogram", "Admitted -> end.", REQUEST_LATENCY_BUCKETS, VLLM),
     "vllm_request_prefill_time_seconds": ("histogram", "Admitted -> first token.", REQUEST_LATENCY_BUCKETS, VLLM),
     "vllm_request_decode_time_seconds": ("histogram", "First token -> end.", REQUEST_LATENCY_BUCKETS, VLLM),
+    "vllm_spec_decode_num_drafts": ("counter", "Speculative drafts verified (one per sequence and step that drafted).",
+                                    None, VLLM),
+    "vllm_spec_decode_num_draft_tokens": ("counter", "Draft tokens verified.", None, VLLM),
+    "vllm_spec_decode_num_accepted_tokens": ("counter", "Draft tokens accepted.", None, VLLM),
 }
 
 
@@ -146,12 +150,19 @@ class EngineGauges:
     def __init__(self, model: str) -> None:
         self.tags = {"model": model}
         self.vllm_tags = {"model_name": model, "engine": "0"}
+        self._spec_seen: dict[str, int] = {}  # the engine's speculative totals at the last update
+
 
     def update(self, stats: dict) -> None:
         metric("llamaray_running_sequences").set(stats["running"], self.tags)
         metric("llamaray_waiting_sequences").set(stats["waiting"], self.tags)
         metric("vllm_num_requests_running").set(stats["running"], self.vllm_tags)
         metric("vllm_num_requests_waiting").set(stats["waiting"], self.vllm_tags)
+        for name, total in (stats.get("spec_decode") or {}).items():  # the engine's totals, counted as increments
+            grown = total - self._spec_seen.get(name, 0)
+            if grown > 0:
+                metric(f"vllm_spec_decode_{name}").inc(grown, self.vllm_tags)
+            self._spec_seen[name] = total
 
     def cache_hit(self) -> None:
         metric("llamaray_prefix_cache_hits_total").inc(1, self.tags)

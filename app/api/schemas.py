@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from ..config.settings import MAX_ADAPTER_SCALE
 from .errors import APIError, invalid_request
@@ -171,8 +172,25 @@ class LoraEntry(_Model):
         return self
 
 
+MAX_DRAFT_TOKENS = 64  # a request's `speculative.n_max` / `n_min` (SpeculativeConfig's bounds)
+
+
 class _SamplingChecks(_Model):
-    """`stop` and `logit_bias` checks shared by the chat and the legacy completions request."""
+    """`stop` and `logit_bias` checks shared by the chat and the legacy completions request, and their
+    speculative decoding controls: `speculative` (false: off for this request) and llama-server's
+    `speculative.n_max` / `speculative.n_min`, dotted keys of the body as llama-server reads them."""
+
+    speculative: bool | None = None
+    speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=MAX_DRAFT_TOKENS)
+    speculative_n_min: int | None = Field(default=None, alias="speculative.n_min", ge=0, le=MAX_DRAFT_TOKENS)
+
+    @field_validator("speculative_n_min")
+    @classmethod
+    def _draft_range(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n_max = info.data.get("speculative_n_max")  # validated first (declared first)
+        if v is not None and n_max is not None and v > n_max:
+            raise ValueError(f"must not exceed `speculative.n_max` ({n_max})")
+        return v
 
     @field_validator("stop", check_fields=False)
     @classmethod

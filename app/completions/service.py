@@ -60,7 +60,9 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
                               max_tokens=completion_limit(req.max_tokens, spec), stop=req.stop_list, sampling=replace(sampling), n=n,
                               logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
-                              cache_prompt=req.cache_prompt is not False, max_logprob_entries=share)
+                              cache_prompt=req.cache_prompt is not False, max_logprob_entries=share,
+                              speculative=req.speculative is not False, spec_n_max=req.speculative_n_max,
+                              spec_n_min=req.speculative_n_min)
             for p, prompt in enumerate(req.prompts)]
     return CompletionPlan(req, spec, request_id, gens, n)
 

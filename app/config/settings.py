@@ -80,6 +80,33 @@ class AdapterConfig(BaseModel):
         return v
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding of a chat model (app/engine/speculation.py): drafts verified in the step's batch,
+    the output unchanged (greedy: the same tokens; sampling: the same distribution)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["ngram", "none"] = Field("ngram", description="`ngram`: prompt lookup (drafts copied from the "
+                                           "sequence's own prompt and output); `none`: off")
+    n_max: int = Field(8, ge=1, le=64, description="most draft tokens a sequence verifies in one step "
+                                                  "(llama-server's speculative.n_max)")
+    n_min: int = Field(0, ge=0, le=64, description="fewer proposed drafts than this are not verified "
+                                                  "(llama-server's speculative.n_min)")
+    ngram_max: int = Field(3, ge=1, le=16, description="longest n-gram looked up")
+    ngram_min: int = Field(2, ge=1, le=16, description="shortest n-gram looked up")
+    max_sequences: int = Field(4, ge=1, le=256, description="no drafts in a step that decodes more sequences than "
+                                                            "this: a large batch is already efficient, drafts cost "
+                                                            "more than they give there")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "SpeculativeConfig":
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("`ngram_min` must not exceed `ngram_max`")
+        if self.n_min > self.n_max:
+            raise ValueError("`n_min` must not exceed `n_max`")
+        return self
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -139,6 +166,9 @@ class ModelConfig(BaseModel):
     adapters: list[AdapterConfig] | None = Field(
         None, description="LoRA adapters of this chat model (GGUF adapters made for its GGUF): each replica loads "
                           "them at start; a request names one as `model: \"<id>:<name>\"`, or several in `lora`")
+    speculative: SpeculativeConfig | None = Field(
+        None, description="speculative decoding (default: off); requests may turn it off (`speculative: false`) "
+                          "or size it (`speculative.n_max`, `speculative.n_min`)")
     pool: str | None = Field(None, description="the `pools:` entry whose replicas load this model on demand (no "
                                                "deployment of its own)")
     # Embedding models (kind: embedding) only; `pooling` also for rerankers (kind: rerank), which need `rank`.
@@ -221,7 +251,8 @@ class ModelConfig(BaseModel):
 
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
-                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters", "fair_share")
+                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters", "fair_share",
+                  "speculative")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector
 
@@ -493,6 +524,18 @@ class AdapterSpec:
 
 
 @dataclass(frozen=True)
+class SpeculativeSpec:
+    """ModelConfig.speculative, resolved (type `none` is no SpeculativeSpec at all)."""
+
+    type: str = "ngram"
+    n_max: int = 8
+    n_min: int = 0
+    ngram_max: int = 3
+    ngram_min: int = 2
+    max_sequences: int = 4
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the deployments need about one model, resolved once at build time. `n_threads`,
     `n_threads_batch` and `n_gpu_layers` may still be None ("auto"): `place` resolves them where the
@@ -524,6 +567,7 @@ class ModelSpec:
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
     prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
     fair_share: bool = True  # ModelConfig.fair_share
+    speculative: SpeculativeSpec | None = None  # ModelConfig.speculative; None: off
     engine: str = "llama"  # ModelConfig.engine
     # engine synthetic: (prefill tokens/s, ((batch, ms per step), ...)), app/engine/synthetic.py
     synthetic: tuple[float, tuple[tuple[int, float], ...]] | None = None
@@ -724,8 +768,15 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         max_tokens_limit=cfg.max_tokens_limit, stream_interval_ms=cfg.stream_interval_ms,
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
-        fair_share=cfg.fair_share, pool=cfg.pool or "",
+        fair_share=cfg.fair_share, pool=cfg.pool or "", speculative=speculative_spec(cfg.speculative),
     )
+
+
+def speculative_spec(cfg: SpeculativeConfig | None) -> SpeculativeSpec | None:
+    if cfg is None or cfg.type == "none":
+        return None
+    return SpeculativeSpec(type=cfg.type, n_max=cfg.n_max, n_min=cfg.n_min, ngram_max=cfg.ngram_max,
+                           ngram_min=cfg.ngram_min, max_sequences=cfg.max_sequences)
 
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # GGUF <arch>.pooling_type, llama.h's enum

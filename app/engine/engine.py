@@ -18,6 +18,10 @@ Waiting requests take idle slots first come, first served, with bounded backfill
 The engine knows nothing of asyncio: a step's events go out in one call of `publish`
 (stream.py's publisher hands them to each event loop in one wake-up).
 
+Speculative decoding (speculation.py), where the model has it on: a generating sequence puts its last token
+and the drafts proposed for it into the same batch, with logits at every row; `_verify` keeps the drafts the
+request's own sampler picks (its output unchanged), and cuts the rest out of the KV.
+
 LoRA adapters (lora.py) apply to the whole context, so a step decodes only the sequences of one adapter
 set, the one on the context (`_adapter_turn`): while one set has work it keeps the context; when several
 do, each set holds it for ADAPTER_TURN_STEPS steps at most, then the set that has waited longest since its
@@ -50,6 +54,7 @@ from .lora import BASE, AdapterSet, LoraAdapter
 from .params import IMAGE_MARKER, GenerationRequest, ImageInput
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
+from .speculation import DraftBudget, Drafter, NgramDrafter, SpecCounters
 from .stop import StopMatcher
 from .vision import ImageSpan, Projector, image_boundary, image_prompt, release_all
 
@@ -121,6 +126,13 @@ class LlamaEngine(DecodeThread):
         self._turn_steps = 0                 # steps the set on the context has had in its turn
         self._last_turn: dict[AdapterSet, int] = {}  # set -> the step its last turn began
         self.adapter_switches = 0
+        # Speculative decoding: off where the model's config leaves it off, and for recurrent or hybrid
+        # models, whose state cannot be cut back past rejected drafts.
+        self.speculative = spec.speculative if spec.speculative is not None and self.llama.can_cut_back else None
+        self._drafter: Drafter | None = None
+        if self.speculative is not None:
+            self._drafter = NgramDrafter(self.speculative.ngram_max, self.speculative.ngram_min)
+        self.spec_counters = SpecCounters()
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> Generation:
@@ -157,6 +169,7 @@ class LlamaEngine(DecodeThread):
         first.choices = [choice(i) for i in range(1, req.n)]
         for g in (first, *first.choices):
             g.adapters = adapters
+            g.draft = self._draft_budget(req)
         try:
             for g in (first, *first.choices):
                 g.sampler = self._sampler_for(req, g.index)
@@ -169,6 +182,15 @@ class LlamaEngine(DecodeThread):
             log.exception("could not build the sampler for %s", req.request_id)
             raise internal("Could not set up sampling for this request.") from None
         return first
+
+    def _draft_budget(self, req: GenerationRequest) -> DraftBudget | None:
+        """A generation's draft length, None where it never drafts: speculation off for the model or by the
+        request, or a request's n_max of 0."""
+        if self.speculative is None or not req.speculative:
+            return None
+        n_max = req.spec_n_max if req.spec_n_max is not None else self.speculative.n_max
+        n_min = req.spec_n_min if req.spec_n_min is not None else self.speculative.n_min
+        return DraftBudget(n_max, n_min) if n_max > 0 else None
 
     def discard(self, gen: Generation) -> None:
         """A prepared generation that will not be submitted: its samplers and images freed. Any thread."""
@@ -345,6 +367,7 @@ class LlamaEngine(DecodeThread):
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
                     "prompt_cache": self._prompt_cache.stats(),
                     "adapters": sorted(self._adapters), "adapter_switches": self.adapter_switches,
+                    "spec_decode": self.spec_counters.as_dict(),
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
 
     @property
@@ -664,15 +687,24 @@ class LlamaEngine(DecodeThread):
             batch.free()
 
     def _fill_batch(self) -> list[tuple[Slot, list[int]]]:
-        """This step's tokens per slot: one for each generating slot, then prompt chunks within
-        the batch (so a long prompt never stalls the running streams for long)."""
+        """This step's tokens per slot: one for each generating slot (with its drafts, when it drafts), then
+        prompt chunks within the batch (so a long prompt never stalls the running streams for long)."""
         batch = self._batch
         batch.clear()
         planned: list[tuple[Slot, list[int]]] = []
-        for slot in self._slots:
-            if slot.state is SlotState.GENERATING and self._in_turn(slot):
-                planned.append((slot, [slot.gen.last_token]))
-                self._put(slot, [slot.gen.last_token], logits=True)
+        generating = [s for s in self._slots if s.state is SlotState.GENERATING and self._in_turn(s)]
+        room = batch.capacity - len(generating)  # rows left once each generating sequence has its token
+        # Drafting is for sequences in their turn that generate: a prefilling prompt (its images, its scored
+        # positions, an n > 1 request's choices not yet forked) decodes as it always does. A large batch is
+        # already efficient on its own: there drafts cost more than they give (max_sequences).
+        drafting = self._drafter is not None and len(generating) <= self.speculative.max_sequences
+        for slot in generating:
+            gen = slot.gen
+            gen.drafts = self._drafts(slot, room) if drafting and gen.draft is not None else []
+            room -= len(gen.drafts)
+            tokens = [gen.last_token, *gen.drafts]
+            planned.append((slot, tokens))
+            self._put(slot, tokens, logits=True)
         for slot in self._slots:
             pending = slot.pending_prompt()[:batch.capacity - batch.n] if self._in_turn(slot) else []
             if pending:
@@ -680,16 +712,30 @@ class LlamaEngine(DecodeThread):
                 self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))
         return planned
 
+    def _drafts(self, slot: Slot, room: int) -> list[int]:
+        """The draft tokens `slot` verifies this step: as many as its budget, the batch's room, its max_tokens
+        and its context leave (each row samples one token more), or none when fewer than its n_min."""
+        gen = slot.gen
+        k = min(gen.draft.length(), room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
+        if k <= 0:
+            return []
+        drafts = self._drafter.propose([*slot.tokens, gen.last_token], k)
+        return drafts if len(drafts) >= max(1, gen.draft.n_min) else []
+
     def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
         """`tokens` into the batch at the slot's next positions; with `logits`, the last one's
         logits are kept and the generation samples from them after the decode. A prompt that is
-        scored keeps the logits of every position."""
+        scored keeps the logits of every position, and so does a generating sequence with drafts
+        (`logits_at` is then its first row)."""
         gen = slot.gen
         every = gen.req.prompt_logprobs and slot.state is SlotState.PREFILLING
+        verify = bool(gen.drafts) and slot.state is SlotState.GENERATING
         for k, token in enumerate(tokens):
-            idx = self._batch.add(token, gen.n_past + k, slot.index, every or (logits and k == len(tokens) - 1))
-        gen.logits_at = idx if logits else -1
-        gen.scored_from = idx - len(tokens) + 1 if every else -1
+            idx = self._batch.add(token, gen.n_past + k, slot.index,
+                                  every or verify or (logits and k == len(tokens) - 1))
+        first = idx - len(tokens) + 1
+        gen.logits_at = (first if verify else idx) if logits else -1
+        gen.scored_from = first if every else -1
 
     def _step_one_by_one(self, planned: list[tuple[Slot, list[int]]]) -> None:
         """After a failed batch: each slot's part decoded (and sampled) alone, so the one llama.cpp
@@ -710,6 +756,9 @@ class LlamaEngine(DecodeThread):
 
     def _advance(self, slot: Slot, tokens: list[int]) -> None:
         gen = slot.gen
+        if gen.drafts:
+            self._verify(slot, tokens)
+            return
         if gen.scored_from >= 0:
             self._score_prompt(gen, tokens)
         slot.advanced(tokens)
@@ -725,6 +774,35 @@ class LlamaEngine(DecodeThread):
             for choice in self._take_choices(gen):
                 self._fork(slot, self._slots[choice.slot])
         self._sample_or_fail(slot)
+
+    def _verify(self, slot: Slot, tokens: list[int]) -> None:
+        """A generating sequence decoded with drafts (`tokens` is [last token, drafts...], logits at each row):
+        row j is sampled with the request's own sampler (grammar, logit bias, penalties, its RNG), exactly
+        as the step after accepting drafts 1..j would have sampled it; the token is emitted through the
+        per-token bookkeeping of `_sample`; if it is the next draft, that draft is accepted and row j+1 is
+        sampled, otherwise the sampled token is this step's last. The drafter is deterministic given the
+        tokens so far, so each emitted token is drawn from the target's distribution given the tokens before
+        it: the output distribution is the model's own (greedy: its greedy tokens), and a seeded request
+        draws its RNG once per emitted token, as without drafts. The rejected drafts' KV is then cut."""
+        gen = slot.gen
+        drafts, gen.drafts = gen.drafts, []
+        first = gen.logits_at
+        slot.advanced(tokens[:1])
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            gen.logits_at = first + j
+            self._sample_or_fail(slot)
+            if slot.gen is not gen or j == len(drafts) or gen.last_token != drafts[j]:
+                break  # finished (stop, end of generation, a limit), failed, or the draft was not picked
+            slot.advanced([drafts[j]])
+            accepted += 1
+        c = self.spec_counters
+        c.drafts, c.draft_tokens, c.accepted_tokens = c.drafts + 1, c.draft_tokens + len(drafts), \
+            c.accepted_tokens + accepted
+        gen.draft.verified(len(drafts), accepted)
+        if accepted < len(drafts):
+            # The KV past what the slot holds (its tokens: kept even when the request ended) is rejected drafts.
+            self.llama.seq_rm(slot.index, len(slot.tokens), -1)
 
     def _take_choices(self, gen: Generation) -> list[Generation]:
         choices, gen.choices = gen.choices, []

@@ -166,6 +166,9 @@ class LlamaModelContext:
         self.n_pooled = int(L.llama_model_n_cls_out(self.model)) if pooling == "rank" else self.n_embd
         self._piece_buf = ctypes.create_string_buffer(256)
         self.longest_piece = self._longest_piece()
+        # Whether a sequence's KV can be cut back at any position (seq_rm of a tail): not in a recurrent or
+        # hybrid model, whose state is one running summary of the sequence.
+        self.can_cut_back = not (L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
 
     def _longest_piece(self) -> int | None:
         """The most UTF-8 bytes of text one token stands for (control tokens written out), so a text of

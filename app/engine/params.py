@@ -88,6 +88,11 @@ class GenerationRequest:
     # name ("" for a server without keys) and its priority's weight.
     tenant: str = ""
     weight: float = 1.0
+    # Speculative decoding where the model has it on (ModelConfig.speculative): False turns it off for this
+    # request; spec_n_max / spec_n_min replace the model's n_max / n_min (llama-server's speculative.n_max/n_min).
+    speculative: bool = True
+    spec_n_max: int | None = None
+    spec_n_min: int | None = None
 
     @property
     def prefix_scope(self) -> str:

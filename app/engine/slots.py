@@ -17,6 +17,7 @@ from .events import Event, TokenLogprob
 from .llama import SamplerChain
 from .lora import BASE, AdapterSet
 from .params import GenerationRequest
+from .speculation import DraftBudget
 from .stop import StopMatcher
 from .vision import ImageSpan, next_image, release_all
 
@@ -58,6 +59,8 @@ class Generation:
     queued_at: float = 0.0   # monotonic time of submission (admission fairness)
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (shared by its choices)
     adapters: AdapterSet = BASE  # the LoRA adapters it decodes under (only with others of the same set)
+    draft: DraftBudget | None = None  # its speculative draft length (None: it never drafts)
+    drafts: list[int] = field(default_factory=list)  # the draft tokens in this step's batch, after last_token
 
     @property
     def request_id(self) -> str:

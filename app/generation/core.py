@@ -54,6 +54,8 @@ class GenerationCore:
         plan = plan_request(req, spec, self.formats[spec.id], self.limits, template_kwargs)
         plan.gen.cache_scope = scope
         plan.gen.cache_prompt = req.cache_prompt is not False
+        plan.gen.speculative = req.speculative is not False
+        plan.gen.spec_n_max, plan.gen.spec_n_min = req.speculative_n_max, req.speculative_n_min
         return plan
 
     async def plan(self, req: RequestT, target: Target, scope: str,

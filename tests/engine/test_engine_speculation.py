@@ -1,0 +1,270 @@
+"""Prompt-lookup speculative decoding in the batched engine, on the bundled model: the output is the model's
+own (greedy: the same tokens up to numerics; sampling: the same distribution), every per-token rule holds
+with drafts in flight (stop strings, max_tokens, grammar, logprobs), and a request can turn it off.
+
+One engine with speculation on; its baseline is the same engine with `speculative: false` per request, so
+both decode on the same context, and no prompt reuses a cached prefix (cache_prompt false): the only
+difference between the arms is the verification batch.
+
+Numerics: verifying several tokens in one batch changes llama.cpp's sums in the last bits, so a greedy reply
+may part ways where the model's top two tokens nearly tie. TIE_NATS is the largest top-2 gap (log-probs,
+the baseline's) allowed at a first difference; llama.cpp's batch-shape rounding moves this 4-bit model's
+logprobs by up to about 0.06 (tests/support/events.py), so a gap under 0.25 is a near-tie, a real bug (a
+wrong row, a lost KV position) parts ways at confident tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import pytest
+
+from app.config.settings import SpeculativeSpec
+from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.events import Finished, Text
+from app.engine.speculation import DraftBudget, NgramDrafter
+from app.grammar.request_grammars import json_grammar
+from app.prompt.chat_template import render_prompt
+from tests.support.events import EventBox
+
+pytestmark = pytest.mark.model
+
+TIE_NATS = 0.25
+SLOTS = 8
+
+COPY = [
+    "Repeat this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes, honeydew, kiwis, lemons.",
+    "Copy this code exactly:\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n",
+    "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog near the old stone bridge.",
+    "Copy this list exactly:\n1. Monday\n2. Tuesday\n3. Wednesday\n4. Thursday\n5. Friday\n6. Saturday\n7. Sunday",
+    "Repeat exactly: red, orange, yellow, green, blue, indigo, violet, red, orange, yellow, green, blue.",
+    "Copy this JSON exactly: {\"name\": \"Ada\", \"age\": 36, \"city\": \"London\", \"languages\": [\"en\", \"fr\"]}",
+]
+FREE = ["Write a short poem about the sea.", "Describe a forest in the morning."]
+
+
+@pytest.fixture(scope="module")
+def spec_engine(bundled_spec):
+    spec = dataclasses.replace(bundled_spec, n_seq_max=SLOTS,
+                               speculative=SpeculativeSpec(n_max=8, max_sequences=SLOTS))
+    eng = LlamaEngine(spec).start()
+    yield eng
+    eng.close()
+
+
+def chat(spec, text: str) -> str:
+    return render_prompt(spec.chat_template, [{"role": "user", "content": text}])
+
+
+def submit(eng, prompt: str, *, speculative: bool = True, max_tokens: int = 64, logprobs: int | None = 2,
+           stop: list[str] | None = None, rid: str = "r", **sampling) -> EventBox:
+    box = EventBox()
+    req = GenerationRequest(request_id=rid, prompt=prompt, max_tokens=max_tokens, stop=stop or [],
+                            sampling=SamplingParams(**(sampling or {"temperature": 0})), logprobs=logprobs,
+                            cache_prompt=False, speculative=speculative)
+    eng.submit(eng.prepare(req, box))
+    return box
+
+
+def run(eng, prompts: list[str], **kw) -> list[EventBox]:
+    boxes = [submit(eng, p, rid=f"r{i}", **kw) for i, p in enumerate(prompts)]
+    for box in boxes:
+        assert box.wait(600), box.events
+    return boxes
+
+
+def accepted(eng) -> int:
+    return eng.stats()["spec_decode"]["num_accepted_tokens"]
+
+
+def finished(box: EventBox) -> Finished:
+    assert isinstance(box.last, Finished), box.events
+    return box.last
+
+
+def parted_at_a_tie(base: EventBox, spec: EventBox) -> bool:
+    """True where the replies are equal; where they part, the baseline's top two tokens at the first
+    differing position must be within TIE_NATS (asserted), and then False."""
+    a, b = base.logprobs, spec.logprobs
+    if [lp.token for lp in a] == [lp.token for lp in b]:
+        assert base.text == spec.text and finished(base).finish_reason == finished(spec).finish_reason
+        return True
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if x.token != y.token)
+    top = a[i].top
+    assert len(top) == 2 and top[0][1] - top[1][1] < TIE_NATS, (i, a[i], b[i], base.text, spec.text)
+    return False
+
+
+def copy_prompts(eng) -> list[str]:
+    return [chat(eng.spec, t) for t in COPY]
+
+
+def test_the_model_copies_so_drafts_are_accepted(spec_engine):
+    """The corpus is one the model really copies: most draft tokens are accepted."""
+    before = spec_engine.stats()["spec_decode"]
+    boxes = run(spec_engine, copy_prompts(spec_engine)[:2])
+    after = spec_engine.stats()["spec_decode"]
+    assert "apples, bananas, cherries, dates" in boxes[0].text and "return a * b" in boxes[1].text
+    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
+    taken = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    assert after["num_drafts"] > before["num_drafts"] and taken > drafted / 3, (before, after)
+
+
+@pytest.mark.parametrize("concurrency", [1, SLOTS])
+def test_greedy_replies_equal_without_speculation(spec_engine, concurrency):
+    prompts = copy_prompts(spec_engine) + [chat(spec_engine.spec, t) for t in FREE]
+    prompts = prompts[:SLOTS]
+
+    def arm(speculative: bool) -> list[EventBox]:
+        if concurrency == 1:
+            return [run(spec_engine, [p], speculative=speculative)[0] for p in prompts]
+        return run(spec_engine, prompts, speculative=speculative)
+
+    base = arm(False)
+    taken = accepted(spec_engine)
+    spec = arm(True)
+    assert accepted(spec_engine) > taken
+    equal = [parted_at_a_tie(a, b) for a, b in zip(base, spec)]
+    # Parting at a near-tie is allowed, not expected: on this corpus the replies have always been equal.
+    assert sum(equal) >= len(equal) - 1, equal
+
+
+def test_stop_string_inside_a_draft(spec_engine):
+    prompt = copy_prompts(spec_engine)[0]
+    base, spec = (run(spec_engine, [prompt], speculative=s, stop=["grapes"])[0] for s in (False, True))
+    assert finished(spec).finish_reason == "stop" and "grapes" not in spec.text and "figs" in spec.text
+    assert spec.text == base.text
+    # The slot's KV was cut back to what it holds: the same prompt again, reusing its prefix, says the same.
+    again = submit(spec_engine, prompt, stop=["grapes"])
+    assert again.wait(600) and again.text == spec.text
+
+
+@pytest.mark.parametrize("max_tokens", [3, 5, 9, 14])
+def test_max_tokens_landing_inside_a_draft(spec_engine, max_tokens):
+    prompt = copy_prompts(spec_engine)[1]
+    full = run(spec_engine, [prompt], speculative=False, max_tokens=20)[0]
+    spec = run(spec_engine, [prompt], max_tokens=max_tokens)[0]
+    fin = finished(spec)
+    assert (fin.finish_reason, fin.completion_tokens) == ("length", max_tokens)
+    assert [lp.token for lp in spec.logprobs] == [lp.token for lp in full.logprobs][:max_tokens]
+
+
+def test_logprobs_one_per_token(spec_engine):
+    box = run(spec_engine, [copy_prompts(spec_engine)[3]], logprobs=3, max_tokens=48)[0]
+    fin = finished(box)
+    tokens = sum(e.tokens for e in box.events if isinstance(e, Text))
+    eog = fin.finish_reason == "stop" and fin.stop_sequence is None  # counted, never shown
+    assert len(box.logprobs) == tokens == fin.completion_tokens - eog
+    assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in box.logprobs)
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_grammar_with_speculation(spec_engine, logprobs):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "city": {"type": "string"}}, "required": ["name", "age", "city"]}
+    grammar = json_grammar(schema, "response_format")
+    prompt = copy_prompts(spec_engine)[5]
+    taken = accepted(spec_engine)
+    base, spec = (run(spec_engine, [prompt], speculative=s, max_tokens=60, logprobs=logprobs, temperature=0,
+                      grammar=grammar)[0] for s in (False, True))
+    assert accepted(spec_engine) > taken
+    doc = json.loads(spec.text)
+    assert set(doc) >= {"name", "age", "city"} and spec.text == base.text
+
+
+def test_request_turns_it_off(spec_engine):
+    before = spec_engine.stats()["spec_decode"]
+    run(spec_engine, copy_prompts(spec_engine)[:1], speculative=False)
+    assert spec_engine.stats()["spec_decode"] == before
+
+
+# A prompt whose end repeats an earlier n-gram: the first sampled token's successor is drafted at once.
+LOOP_PROMPT = "one two three four five one two three four five one two three four five one two"
+
+
+def test_sampling_keeps_the_distribution(spec_engine):
+    """The first three tokens sampled at temperature 0.7 (the third is the first a draft can decide: the first
+    comes from the prompt, the second's row verifies a one-token draft).
+    - Seeded: a request's RNG draws once per emitted token with or without drafts, so the same seed gives the
+      same reply (up to numerics moving a draw across a boundary: at least 95% equal).
+    - Unseeded against each other (different seeds): the third token's distribution with and without drafts,
+      a chi-square test of homogeneity at p = 0.001 (critical values below)."""
+    samples = 96
+
+    def replies(speculative: bool, seed0: int) -> list[tuple[bytes, ...]]:
+        out = []
+        for wave in range(0, samples, SLOTS):
+            boxes = [submit(spec_engine, LOOP_PROMPT, rid=f"s{i}", speculative=speculative, max_tokens=3,
+                            logprobs=0, temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, seed=seed0 + wave + i)
+                     for i in range(SLOTS)]
+            for box in boxes:
+                assert box.wait(600), box.events
+                out.append(tuple(lp.token for lp in box.logprobs))
+        return out
+
+    taken = accepted(spec_engine)
+    off, on, on_other = replies(False, 1), replies(True, 1), replies(True, 100_000)
+    assert accepted(spec_engine) - taken > samples // 4  # drafts decided many third tokens
+    same = sum(a == b for a, b in zip(off, on))
+    assert same >= 0.95 * samples, (same, off, on)
+
+    def third(rs: list[tuple[bytes, ...]]) -> Counter:
+        return Counter(r[2] if len(r) >= 3 else b"<end>" for r in rs)
+
+    chi2, dof = chi_square(third(off), third(on_other))
+    assert chi2 < CHI2_CRITICAL_0001[min(dof, max(CHI2_CRITICAL_0001))], (chi2, dof, third(off), third(on_other))
+
+
+# The chi-square distribution's 0.999 quantiles by degrees of freedom (larger dof: the table's last).
+CHI2_CRITICAL_0001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12}
+
+
+def chi_square(a: Counter, b: Counter) -> tuple[float, int]:
+    """Homogeneity of two samples' categories, rare ones (expected under 5 in either) pooled."""
+    na, nb = sum(a.values()), sum(b.values())
+    cats = sorted(set(a) | set(b), key=lambda c: -(a[c] + b[c]))
+    cells: list[tuple[int, int]] = []
+    rare = [0, 0]
+    for c in cats:
+        total = a[c] + b[c]
+        if min(total * na, total * nb) / (na + nb) >= 5:
+            cells.append((a[c], b[c]))
+        else:
+            rare[0] += a[c]
+            rare[1] += b[c]
+    if sum(rare):
+        cells.append((rare[0], rare[1]))
+    chi2 = 0.0
+    for x, y in cells:
+        total = x + y
+        for obs, n in ((x, na), (y, nb)):
+            exp = total * n / (na + nb)
+            chi2 += (obs - exp) ** 2 / exp
+    return chi2, max(1, len(cells) - 1)
+
+
+# -- the drafting side, without a model ------------------------------------------------------------------
+
+def test_ngram_drafter_proposes_what_followed_the_latest_match():
+    d = NgramDrafter(ngram_max=3, ngram_min=2)
+    assert d.propose([1, 2, 3, 4, 5, 9, 2, 3], 2) == [4, 5]
+    assert d.propose([1, 2, 3, 7, 1, 2, 3, 8, 1, 2, 3], 3) == [8, 1, 2]  # the latest earlier occurrence
+    assert d.propose([1, 2, 3, 4], 4) == []  # no earlier n-gram
+    assert d.propose([5, 2, 3, 6, 9, 3], 4) == []  # a lone token is below ngram_min
+    assert NgramDrafter(ngram_min=1).propose([5, 2, 3, 6, 9, 3], 1) == [6]
+    assert d.propose([1, 2, 1, 2], 0) == []
+
+
+def test_draft_budget_turns_itself_down_and_up():
+    b = DraftBudget(n_max=8)
+    assert b.length() == 8
+    b.verified(8, 2)
+    assert b.length() == 3
+    b.verified(3, 0)
+    b.verified(1, 0)  # two misses in a row: a pause
+    assert [b.length() for _ in range(4)] == [0, 0, 0, 0] and b.length() == 1
+    b.verified(1, 1)
+    b.verified(2, 2)
+    assert b.length() == 4 and (b.accepted, b.drafted) == (5, 15)
