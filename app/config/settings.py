@@ -86,8 +86,13 @@ class SpeculativeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    type: Literal["ngram", "none"] = Field("ngram", description="`ngram`: prompt lookup (drafts copied from the "
-                                           "sequence's own prompt and output); `none`: off")
+    type: Literal["ngram", "draft", "none"] = Field(
+        "ngram", description="`ngram`: prompt lookup (drafts copied from the sequence's own prompt and output); "
+                             "`draft`: proposed by `draft_model`; `none`: off")
+    draft_model: str | None = Field(None, description="`type: draft`: a smaller GGUF sharing the model's "
+                                                      "vocabulary, in the forms of model_path; loaded beside the "
+                                                      "model on each replica, with the same threads, layers and "
+                                                      "slots")
     n_max: int = Field(8, ge=1, le=64, description="most draft tokens a sequence verifies in one step "
                                                   "(llama-server's speculative.n_max)")
     n_min: int = Field(0, ge=0, le=64, description="fewer proposed drafts than this are not verified "
@@ -97,6 +102,10 @@ class SpeculativeConfig(BaseModel):
     max_sequences: int = Field(4, ge=1, le=256, description="no drafts in a step that decodes more sequences than "
                                                             "this: a large batch is already efficient, drafts cost "
                                                             "more than they give there")
+    adaptive: bool = Field(True, description="verify a sequence's drafts only where its measured acceptance and "
+                                             "the replica's measured step cost say they gain tokens per second "
+                                             "(a CPU pays for every row, a GPU hardly); false: verify every "
+                                             "proposal, up to n_max")
 
     @model_validator(mode="after")
     def _ranges(self) -> "SpeculativeConfig":
@@ -104,7 +113,16 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("`ngram_min` must not exceed `ngram_max`")
         if self.n_min > self.n_max:
             raise ValueError("`n_min` must not exceed `n_max`")
+        if (self.type == "draft") != (self.draft_model is not None):
+            raise ValueError("`type: draft` needs `draft_model`, and only it takes one")
         return self
+
+    @field_validator("draft_model")
+    @classmethod
+    def _draft_source(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_source(v)  # SourceError is a ValueError: pydantic reports it at the field
+        return v
 
 
 class ModelConfig(BaseModel):
@@ -533,6 +551,9 @@ class SpeculativeSpec:
     ngram_max: int = 3
     ngram_min: int = 2
     max_sequences: int = 4
+    adaptive: bool = True
+    draft_path: str = ""    # type draft: the draft GGUF, a local file (the replica fetches draft_source)
+    draft_source: str = ""  # a remote draft's source, pinned
 
 
 @dataclass(frozen=True)
@@ -661,8 +682,11 @@ def resolve_model(cfg: ModelConfig, model_cache: str | None = None) -> ModelSpec
     if where.get("mmproj_path") and meta:
         check_projector(cfg, where["mmproj_path"], meta)
     tokens = meta.get("tokenizer.ggml.tokens")
+    fields = resolve_model_fields(cfg)
+    if fields["speculative"] is not None and cfg.speculative.draft_model:
+        fields["speculative"] = replace(fields["speculative"], **_draft(cfg, root, tokens))
     return ModelSpec(
-        **resolve_model_fields(cfg),
+        **fields,
         **where,
         adapters=_adapters(cfg, root),
         chat_template=template,
@@ -714,6 +738,34 @@ def _remote_metadata(cfg: ModelConfig, source: ModelSource, root: Path) -> tuple
         log.warning("model %r: the GGUF header of %s was not read (%s); using the configured chat_template",
                     cfg.id, redacted(cfg.model_path), exc)
         return {}, source, str(exc)
+
+
+def _draft(cfg: ModelConfig, root: Path, tokens: Any) -> dict[str, str]:
+    """The draft model's fields of the speculative spec: a remote source (pinned) or a local file that exists
+    and has the model's vocabulary (token for token, where both headers were read); the replica checks the
+    vocabulary size again when it loads a remote one."""
+    draft = cfg.speculative.draft_model
+    name = f"model {cfg.id!r}: speculative.draft_model {draft!r}"
+    source = parse_source(draft)
+    if source.remote:
+        try:
+            source = pin(source, root)
+        except FetchError as exc:  # the replicas will say so
+            log.warning("%s: %s", name, exc)
+        return {"draft_source": source.canonical()}
+    path = resolve_path(draft)
+    if not path.is_file():
+        raise ConfigError(f"{name} does not exist ({path})")
+    try:
+        theirs = read_metadata(path, keep_arrays=KEPT_ARRAYS).get("tokenizer.ggml.tokens")
+    except (GGUFError, OSError) as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc}") from None
+    if isinstance(tokens, list) and isinstance(theirs, list) and theirs != tokens:
+        first = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
+        raise ConfigError(f"{name} does not share the model's vocabulary ({len(theirs)} tokens against "
+                          f"{len(tokens)}, first different at id {first}): a draft's token ids must mean the "
+                          f"model's tokens")
+    return {"draft_path": str(path)}
 
 
 def _mmproj(cfg: ModelConfig, root: Path) -> dict[str, str]:
@@ -776,7 +828,7 @@ def speculative_spec(cfg: SpeculativeConfig | None) -> SpeculativeSpec | None:
     if cfg is None or cfg.type == "none":
         return None
     return SpeculativeSpec(type=cfg.type, n_max=cfg.n_max, n_min=cfg.n_min, ngram_max=cfg.ngram_max,
-                           ngram_min=cfg.ngram_min, max_sequences=cfg.max_sequences)
+                           ngram_min=cfg.ngram_min, max_sequences=cfg.max_sequences, adaptive=cfg.adaptive)
 
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # GGUF <arch>.pooling_type, llama.h's enum

@@ -54,7 +54,7 @@ from .lora import BASE, AdapterSet, LoraAdapter
 from .params import IMAGE_MARKER, GenerationRequest, ImageInput
 from .prompt_cache import Entry, PromptCache
 from .slots import Generation, Sink, Slot, SlotState, common_prefix
-from .speculation import DraftBudget, Drafter, NgramDrafter, SpecCounters
+from .speculation import DraftAsk, DraftBudget, Drafter, NgramDrafter, SpecCounters, StepCost
 from .stop import StopMatcher
 from .vision import ImageSpan, Projector, image_boundary, image_prompt, release_all
 
@@ -130,8 +130,16 @@ class LlamaEngine(DecodeThread):
         # models, whose state cannot be cut back past rejected drafts.
         self.speculative = spec.speculative if spec.speculative is not None and self.llama.can_cut_back else None
         self._drafter: Drafter | None = None
+        self.step_cost = StepCost.flat()
         if self.speculative is not None:
-            self._drafter = NgramDrafter(self.speculative.ngram_max, self.speculative.ngram_min)
+            try:
+                self._drafter = self._load_drafter(spec)
+            except BaseException:
+                self._batch.free()
+                self.close_models()
+                raise
+            if self.speculative.adaptive:
+                self.step_cost = self._measure_step_cost()
         self.spec_counters = SpecCounters()
 
     # -- called from any thread ------------------------------------------------------------------
@@ -170,6 +178,7 @@ class LlamaEngine(DecodeThread):
         for g in (first, *first.choices):
             g.adapters = adapters
             g.draft = self._draft_budget(req)
+            g.drafter = self._drafter.sequence() if g.draft is not None and self._drafter is not None else None
         try:
             for g in (first, *first.choices):
                 g.sampler = self._sampler_for(req, g.index)
@@ -188,9 +197,61 @@ class LlamaEngine(DecodeThread):
         request, or a request's n_max of 0."""
         if self.speculative is None or not req.speculative:
             return None
+        if self.speculative.type == "draft" and req.images:
+            return None  # the draft model would read an image's positions as its placeholder tokens
         n_max = req.spec_n_max if req.spec_n_max is not None else self.speculative.n_max
         n_min = req.spec_n_min if req.spec_n_min is not None else self.speculative.n_min
-        return DraftBudget(n_max, n_min) if n_max > 0 else None
+        return DraftBudget(n_max, n_min, self.speculative.adaptive) if n_max > 0 else None
+
+    def _load_drafter(self, spec: ModelSpec) -> Drafter:
+        if self.speculative.type != "draft":
+            return NgramDrafter(self.speculative.ngram_max, self.speculative.ngram_min)
+        from .draft_model import DraftModel
+
+        draft = DraftModel(self.speculative.draft_path, target_vocab=self.llama.n_vocab, n_ctx_per_seq=spec.n_ctx,
+                           n_seq_max=spec.n_seq_max, n_batch=spec.n_batch, n_threads=spec.n_threads,
+                           n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
+                           kv_unified=spec.kv_unified, extra_buffers=hardware.use_extra_buffers(
+                               spec.cpu_extra_buffers, hardware.system_info()))
+        if self.speculative.adaptive:
+            try:
+                draft.measure()
+            except BaseException:
+                draft.close()
+                raise
+        log.info("model %s: draft model %s loaded", spec.id, self.speculative.draft_path)
+        return draft
+
+    def _measure_step_cost(self) -> StepCost:
+        """The decode time of a step by its rows (logits at each, as a verification has), timed on this context
+        before it serves (about 0.5 s on 2 CPU cores, milliseconds on a GPU): what an adaptive draft weighs
+        its expected gain against. Where it cannot be timed, rows are taken to cost as a token each, and
+        adaptive drafting then verifies nothing."""
+        batch = self._batch
+        most = min(batch.capacity, self.n_ctx - 1, self.speculative.max_sequences * (self.speculative.n_max + 1))
+        sizes = sorted({min(n, most) for n in (1, 2, 4, 8, 16, 32, 64) if n <= max(most, 1)} | {max(most, 1)})
+        token = self.llama.tokenize_prompt(" the", False)[-1]
+
+        def decode_rows(n: int) -> None:
+            batch.clear()
+            for pos in range(n):
+                batch.add(token, pos, 0, True)
+            try:
+                if decode(self.llama, batch) != 0:
+                    raise RuntimeError(f"llama_decode failed on {n} rows")
+            finally:
+                self.llama.seq_rm(0, 0, -1)
+                batch.clear()
+
+        try:
+            cost = StepCost.measure(decode_rows, sizes)
+        except Exception:  # noqa: BLE001 - speculation stays safe (off in effect), the model serves
+            log.exception("model %s: could not time its decode steps; adaptive drafting verifies nothing",
+                          self.spec.id)
+            return StepCost({1: 1.0, 2: 2.0})
+        log.info("model %s: decode step by rows (ms) %s", self.spec.id,
+                 {n: round(s * 1e3, 2) for n, s in cost.as_dict().items()})
+        return cost
 
     def discard(self, gen: Generation) -> None:
         """A prepared generation that will not be submitted: its samplers and images freed. Any thread."""
@@ -368,6 +429,8 @@ class LlamaEngine(DecodeThread):
                     "prompt_cache": self._prompt_cache.stats(),
                     "adapters": sorted(self._adapters), "adapter_switches": self.adapter_switches,
                     "spec_decode": self.spec_counters.as_dict(),
+                    **({"spec_step_ms": {n: round(t * 1e3, 3) for n, t in self.step_cost.as_dict().items()}}
+                       if self.speculative is not None else {}),
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
 
     @property
@@ -384,11 +447,18 @@ class LlamaEngine(DecodeThread):
         super().close()
         self._masks.close()
         self._batch.free()
-        if self.projector is not None:
-            self.projector.close()
         if self.llama.ctx is not None and not self._thread.is_alive():
             self._free_adapters([*self._adapters.values(), *self._retired])
         self._adapters, self._retired = {}, []
+        self.close_models()
+
+    def close_models(self) -> None:
+        """The draft model, the projector and the model freed (also when the engine fails to start)."""
+        close_draft = getattr(self._drafter, "close", None) if hasattr(self, "_drafter") else None
+        if close_draft is not None:
+            close_draft()
+        if self.projector is not None:
+            self.projector.close()
         self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
@@ -698,10 +768,10 @@ class LlamaEngine(DecodeThread):
         # positions, an n > 1 request's choices not yet forked) decodes as it always does. A large batch is
         # already efficient on its own: there drafts cost more than they give (max_sequences).
         drafting = self._drafter is not None and len(generating) <= self.speculative.max_sequences
+        chosen = self._choose_drafts(generating, room) if drafting else {}
         for slot in generating:
             gen = slot.gen
-            gen.drafts = self._drafts(slot, room) if drafting and gen.draft is not None else []
-            room -= len(gen.drafts)
+            gen.drafts = chosen.get(slot.index, [])
             tokens = [gen.last_token, *gen.drafts]
             planned.append((slot, tokens))
             self._put(slot, tokens, logits=True)
@@ -712,15 +782,35 @@ class LlamaEngine(DecodeThread):
                 self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))
         return planned
 
-    def _drafts(self, slot: Slot, room: int) -> list[int]:
-        """The draft tokens `slot` verifies this step: as many as its budget, the batch's room, its max_tokens
-        and its context leave (each row samples one token more), or none when fewer than its n_min."""
-        gen = slot.gen
-        k = min(gen.draft.length(), room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
-        if k <= 0:
-            return []
-        drafts = self._drafter.propose([*slot.tokens, gen.last_token], k)
-        return drafts if len(drafts) >= max(1, gen.draft.n_min) else []
+    def _choose_drafts(self, generating: list[Slot], room: int) -> dict[int, list[int]]:
+        """The draft tokens each generating slot verifies this step (by slot index): up to what its n_max, the
+        batch's `room`, its max_tokens and its context leave (each row samples one token more), as many as its
+        budget finds worth their rows (speculation.py). A costly drafter (a draft model) is asked only for
+        sequences whose drafts may pay. A proposal not verified is watched: the tokens generated next measure
+        the acceptance it would have had."""
+        cost, sequences, draft_s = self.step_cost, len(generating), self._drafter.seconds_per_token()
+        rows = sequences
+        asks: list[tuple[Slot, DraftAsk]] = []
+        for slot in generating:
+            gen = slot.gen
+            if gen.draft is None:
+                continue
+            k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
+            if k > 0 and (self._drafter.cheap or gen.draft.worth_asking(k, cost, rows, sequences, draft_s)):
+                asks.append((slot, DraftAsk(slot.index, slot.tokens, gen.last_token, k, gen.drafter)))
+        if not asks:
+            return {}
+        chosen: dict[int, list[int]] = {}
+        for (slot, _), proposal in zip(asks, self._drafter.propose_all([ask for _, ask in asks])):
+            budget = slot.gen.draft
+            n = min(budget.length(len(proposal), cost, rows, sequences, draft_s), room) if proposal else 0
+            if n == 0:
+                budget.watch(proposal)
+                continue
+            chosen[slot.index] = proposal[:n]
+            room -= n
+            rows += n
+        return chosen
 
     def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
         """`tokens` into the batch at the slot's next positions; with `logits`, the last one's
@@ -774,6 +864,8 @@ class LlamaEngine(DecodeThread):
             for choice in self._take_choices(gen):
                 self._fork(slot, self._slots[choice.slot])
         self._sample_or_fail(slot)
+        if gen.draft is not None and slot.gen is gen:
+            gen.draft.generated(gen.last_token)
 
     def _verify(self, slot: Slot, tokens: list[int]) -> None:
         """A generating sequence decoded with drafts (`tokens` is [last token, drafts...], logits at each row):

@@ -9,6 +9,7 @@ for a chat model. Engines load their modules here, on first use: llama.cpp only 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ..config.settings import ModelSpec
 from . import hardware
@@ -34,6 +35,9 @@ def start_engine(spec: ModelSpec) -> Engine:
         log.info("model %r passed the startup self-check (extra CPU buffers %s); %s", spec.id,
                  "on" if report.get("extra_buffers") else "off",
                  hardware.describe(report.get("system_info"), report.get("cpu_backend")))
+        draft = spec.speculative.draft_path if spec.speculative is not None else ""
+        if draft:  # the draft model is loaded in the replica too: a native crash on it must not take the replica
+            self_check_once(replace(spec, id=f"{spec.id} (draft model)", path=draft, mmproj_path=None, adapters=()))
     if spec.kind in POOLING_KINDS:
         from .embedder import EmbeddingEngine
 

@@ -420,6 +420,11 @@ def logprobs_at(llama: LlamaModelContext, batch_index: int, token: int, k: int) 
     return float(row[token]) - norm, top
 
 
+def argmax_at(llama: LlamaModelContext, batch_index: int) -> int:
+    """The most likely token in the batch row `batch_index` (a draft model's greedy proposal)."""
+    return int(np.ctypeslib.as_array(L.llama_get_logits_ith(llama.ctx, batch_index), shape=(llama.n_vocab,)).argmax())
+
+
 class NoValidToken(RuntimeError):
     """Every token was ruled out (by the grammar): this request cannot go on."""
 

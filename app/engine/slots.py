@@ -60,6 +60,7 @@ class Generation:
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images (shared by its choices)
     adapters: AdapterSet = BASE  # the LoRA adapters it decodes under (only with others of the same set)
     draft: DraftBudget | None = None  # its speculative draft length (None: it never drafts)
+    drafter: Any = None  # its drafting state (Drafter.sequence: prompt lookup's n-gram index)
     drafts: list[int] = field(default_factory=list)  # the draft tokens in this step's batch, after last_token
 
     @property

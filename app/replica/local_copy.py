@@ -1,5 +1,5 @@
 """In the replica: the spec with local files for everything the builder left remote (the model, its
-projector, its LoRA adapters), fetched into this node's cache, and the configured sha256 checked whatever the source."""
+projector, its LoRA adapters, its draft model), fetched into this node's cache, and the configured sha256 checked whatever the source."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ..model_sources.source import parse_source
 
 def needs_fetch(spec: ModelSpec) -> bool:
     """Whether the replica has work before it can load the model (a download, a checksum)."""
-    return bool(spec.source or spec.mmproj_source or spec.sha256 or any(a.source for a in spec.adapters))
+    return bool(spec.source or spec.mmproj_source or spec.sha256 or any(a.source for a in spec.adapters)
+                or (spec.speculative is not None and spec.speculative.draft_source))
 
 
 def fetch_spec(spec: ModelSpec, progress: Progress) -> ModelSpec:
@@ -36,4 +37,8 @@ def fetch_spec(spec: ModelSpec, progress: Progress) -> ModelSpec:
             progress.label = adapter.source
             adapter = replace(adapter, path=str(fetch(parse_source(adapter.source), root, progress)))
         adapters.append(adapter)
-    return replace(spec, path=path, mmproj_path=mmproj, adapters=tuple(adapters))
+    speculative = spec.speculative
+    if speculative is not None and speculative.draft_source:
+        progress.label = speculative.draft_source
+        speculative = replace(speculative, draft_path=str(fetch(parse_source(speculative.draft_source), root, progress)))
+    return replace(spec, path=path, mmproj_path=mmproj, adapters=tuple(adapters), speculative=speculative)

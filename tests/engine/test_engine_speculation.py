@@ -24,7 +24,7 @@ import pytest
 from app.config.settings import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
-from app.engine.speculation import DraftBudget, NgramDrafter
+from app.engine.speculation import DraftBudget, NgramDrafter, NgramIndex, StepCost
 from app.grammar.request_grammars import json_grammar
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox
@@ -47,8 +47,10 @@ FREE = ["Write a short poem about the sea.", "Describe a forest in the morning."
 
 @pytest.fixture(scope="module")
 def spec_engine(bundled_spec):
+    # Every proposal verified (adaptive off): on this CPU an adaptive draft verifies little, and these tests
+    # are about what verification keeps unchanged. test_adaptive_drafting covers the adaptive choice.
     spec = dataclasses.replace(bundled_spec, n_seq_max=SLOTS,
-                               speculative=SpeculativeSpec(n_max=8, max_sequences=SLOTS))
+                               speculative=SpeculativeSpec(n_max=8, max_sequences=SLOTS, adaptive=False))
     eng = LlamaEngine(spec).start()
     yield eng
     eng.close()
@@ -245,6 +247,33 @@ def chi_square(a: Counter, b: Counter) -> tuple[float, int]:
     return chi2, max(1, len(cells) - 1)
 
 
+def test_adaptive_drafting_pays_for_rows_only_where_they_gain(bundled_spec):
+    """Adaptive (the default): the engine times its own steps by rows at start; with a CPU's cost free writing
+    verifies few drafts, with free rows (a GPU's) a copying reply verifies most of its proposals; greedy
+    replies stay the model's own either way."""
+    spec = dataclasses.replace(bundled_spec, n_seq_max=2, speculative=SpeculativeSpec(n_max=8))
+    eng = LlamaEngine(spec).start()
+    try:
+        measured = eng.stats()["spec_step_ms"]
+        assert measured[1] > 0 and max(measured) >= 16, measured
+        eng.step_cost = CPU  # this machine's figures, whatever the machine running the test
+        prompts = [chat(eng.spec, t) for t in FREE]
+        base = run(eng, prompts, speculative=False, max_tokens=48)
+        spec_boxes = run(eng, prompts, max_tokens=48)
+        generated = sum(finished(b).completion_tokens for b in spec_boxes)
+        drafted = eng.stats()["spec_decode"]["num_draft_tokens"]
+        assert drafted <= generated / 4, (drafted, generated)
+        for a, b in zip(base, spec_boxes):
+            parted_at_a_tie(a, b)
+        eng.step_cost = StepCost.flat()
+        copies = run(eng, copy_prompts(eng)[:2], max_tokens=48)
+        after = eng.stats()["spec_decode"]
+        assert "apples, bananas, cherries" in copies[0].text
+        assert after["num_draft_tokens"] - drafted >= 24, after  # most of a copying reply drafted
+    finally:
+        eng.close()
+
+
 # -- the drafting side, without a model ------------------------------------------------------------------
 
 def test_ngram_drafter_proposes_what_followed_the_latest_match():
@@ -257,14 +286,61 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
     assert d.propose([1, 2, 1, 2], 0) == []
 
 
-def test_draft_budget_turns_itself_down_and_up():
+def test_ngram_index_follows_a_growing_sequence_like_a_fresh_lookup():
+    """The incremental index answers as a lookup over the whole sequence does, step by step, window or not."""
+    import random
+    rng = random.Random(7)
+    tokens = [rng.randrange(6) for _ in range(400)]
+    d = NgramDrafter(ngram_max=3, ngram_min=2)
+    grown, windowed = d.sequence(), NgramIndex(3, 2, window=64)
+    for end in range(1, len(tokens)):
+        want = d.propose(tokens[:end + 1], 5)
+        assert grown.propose(tokens[:end], tokens[end], 5) == want, end
+        got = windowed.propose(tokens[:end], tokens[end], 5)
+        # The window (64 to 128 tokens) only forgets what lies before it.
+        assert got == d.propose(tokens[windowed._start:end + 1], 5), end
+        assert end - windowed._start <= 128
+
+
+# A CPU's step by rows (seconds; this machine's, for the bundled model): a row costs most of a token. A GPU's is flat.
+CPU = StepCost({n: ms / 1e3 for n, ms in {1: 6.4, 2: 12.9, 4: 20.8, 8: 35.9, 16: 67.7, 32: 131.5}.items()})
+
+
+def test_adaptive_budget_verifies_only_what_gains():
     b = DraftBudget(n_max=8)
-    assert b.length() == 8
-    b.verified(8, 2)
-    assert b.length() == 3
-    b.verified(3, 0)
-    b.verified(1, 0)  # two misses in a row: a pause
-    assert [b.length() for _ in range(4)] == [0, 0, 0, 0] and b.length() == 1
-    b.verified(1, 1)
-    b.verified(2, 2)
-    assert b.length() == 4 and (b.accepted, b.drafted) == (5, 15)
+    assert b.length(8, StepCost.flat(), rows=1, sequences=1) == 8  # free rows: every draft (prior 1/2)
+    assert b.length(8, CPU, rows=1, sequences=1) == 0             # a CPU at an acceptance of 1/2: none
+    for _ in range(60):
+        b.verified(8, 8)  # a sequence that copies exactly
+    assert b.acceptance > 0.97 and b.length(8, CPU, rows=1, sequences=1) == 8
+    for _ in range(10):
+        b.verified(8, 0)  # it stopped copying
+    assert b.length(8, CPU, rows=1, sequences=1) == 0 and b.length(8, StepCost.flat(), 1, 1) == 8
+    assert (b.drafted, b.accepted) == (560, 480)
+    assert b.length(8, StepCost.flat(), rows=1, sequences=1) <= 8 and b.length(2, StepCost.flat(), 1, 1) == 2
+    assert DraftBudget(n_max=8, n_min=3).length(2, StepCost.flat(), 1, 1) == 0  # under n_min
+    assert DraftBudget(n_max=4, adaptive=False).length(8, CPU, 1, 1) == 4        # not adaptive: every proposal
+
+
+def test_a_watched_proposal_measures_acceptance_without_verifying():
+    b = DraftBudget(n_max=8)
+    start = b.acceptance
+    for _ in range(20):
+        b.watch([5, 6, 7])
+        for token in (5, 6, 7):
+            b.generated(token)
+    assert b.acceptance > 0.9 > start and b.drafted == 0
+    for _ in range(20):
+        b.watch([5, 6, 7])
+        b.generated(9)  # a miss ends the watch: the next tokens are not compared
+        b.generated(6)
+    assert b.acceptance < 0.4 and b.length(3, CPU, rows=1, sequences=1) == 0
+
+
+def test_step_cost_interpolates_and_extrapolates():
+    assert CPU.seconds(1) == 0.0064 and CPU.seconds(3) == pytest.approx(0.01685)
+    assert CPU.seconds(64) == pytest.approx((131.5 + 32 * (131.5 - 67.7) / 16) / 1e3)
+    assert StepCost({1: 2.0}).seconds(4) == 8.0
+    calls = []
+    cost = StepCost.measure(calls.append, [1, 4], repeats=2)
+    assert calls == [1, 1, 1, 4, 4] and set(cost.as_dict()) == {1, 4}
