@@ -57,6 +57,7 @@ def _generation(req: MessagesRequest) -> dict[str, Any]:
     out: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": bool(req.stream)}
     if req.stop_sequences:
         out["stop"] = req.stop_sequences
+    out.update(req.speculative_chat_fields())
     for name in ("temperature", "top_p", "top_k", "cache_prompt"):
         if getattr(req, name) is not None:
             out[name] = getattr(req, name)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..api.errors import APIError, invalid_request
-from ..api.schemas import ToolName, check_stop
+from ..api.schemas import SpeculativeControls, ToolName, check_stop
 
 
 class _Strict(BaseModel):
@@ -200,7 +200,7 @@ class _Conversation(_Strict):
     cache_control: CacheControl | None = None
 
 
-class MessagesRequest(_Conversation):
+class MessagesRequest(_Conversation, SpeculativeControls):
     """`POST /v1/messages`."""
 
     max_tokens: int = Field(ge=1)
@@ -212,7 +212,8 @@ class MessagesRequest(_Conversation):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: either is served the same
     inference_geo: str | None = None  # where the model runs is this server: ignored
-    # llamaray's extension, as on the chat route (llama-server's field): reuse no cached prompt prefix
+    # llamaray's extensions, as on the chat route (llama-server's fields): reuse no cached prompt prefix; and
+    # the speculative decoding controls (SpeculativeControls)
     cache_prompt: bool | None = None
 
     # what the lifecycle asks of every generating request

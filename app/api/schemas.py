@@ -175,10 +175,10 @@ class LoraEntry(_Model):
 MAX_DRAFT_TOKENS = 64  # a request's `speculative.n_max` / `n_min` (SpeculativeConfig's bounds)
 
 
-class _SamplingChecks(_Model):
-    """`stop` and `logit_bias` checks shared by the chat and the legacy completions request, and their
-    speculative decoding controls: `speculative` (false: off for this request) and llama-server's
-    `speculative.n_max` / `speculative.n_min`, dotted keys of the body as llama-server reads them."""
+class SpeculativeControls(BaseModel):
+    """A request's speculative decoding controls: `speculative` (false: off for this request) and llama-server's
+    `speculative.n_max` / `speculative.n_min`, dotted keys of the body as llama-server reads them. The chat and
+    legacy completions requests have them, and Responses and Messages, which pass them on (`as_chat_fields`)."""
 
     speculative: bool | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=MAX_DRAFT_TOKENS)
@@ -191,6 +191,17 @@ class _SamplingChecks(_Model):
         if v is not None and n_max is not None and v > n_max:
             raise ValueError(f"must not exceed `speculative.n_max` ({n_max})")
         return v
+
+    def speculative_chat_fields(self) -> dict[str, Any]:
+        """The controls set, under the chat request's keys."""
+        fields = {"speculative": self.speculative, "speculative.n_max": self.speculative_n_max,
+                  "speculative.n_min": self.speculative_n_min}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+class _SamplingChecks(_Model, SpeculativeControls):
+    """`stop` and `logit_bias` checks shared by the chat and the legacy completions request, and their
+    speculative decoding controls."""
 
     @field_validator("stop", check_fields=False)
     @classmethod

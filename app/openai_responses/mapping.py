@@ -162,6 +162,7 @@ def chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> C
         "user": req.user, "parallel_tool_calls": req.parallel_tool_calls,
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
         "stream": bool(req.stream), "cache_salt": req.cache_salt, "cache_prompt": req.cache_prompt,
+        **req.speculative_chat_fields(),
     }
     if req.tools:
         payload["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}

@@ -24,6 +24,7 @@ from pydantic import (
 
 from ..api.errors import invalid_request
 from ..api.schemas import (
+    SpeculativeControls,
     ToolName,
     _Unsupported,
     check_stop,
@@ -212,7 +213,7 @@ REFUSED = {
 }
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Strict, SpeculativeControls):
     model: str = Field(min_length=1)
     input: str | list[InputItem]
     instructions: str | None = None
@@ -244,7 +245,7 @@ class ResponsesRequest(_Strict):
     prompt: Any = None
     context_management: Any = None
     prompt_cache_options: Any = None
-    # llamaray's extensions (not OpenAI's): as the chat route takes them.
+    # llamaray's extensions (not OpenAI's): as the chat route takes them (and SpeculativeControls).
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
     cache_salt: str | None = None

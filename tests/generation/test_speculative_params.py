@@ -66,3 +66,24 @@ def test_model_config():
             SpeculativeConfig(**bad)
     with pytest.raises(ValidationError, match="speculative"):
         ModelConfig(id="e", model_path="/x.gguf", kind="embedding", speculative={"type": "ngram"})
+
+
+def test_responses_and_messages_pass_the_controls_on():
+    from app.anthropic_messages.mapping import to_chat_request
+    from app.anthropic_messages.schemas import MessagesRequest
+    from app.openai_responses.mapping import chat_request
+    from app.openai_responses.schemas import ResponsesRequest
+
+    fields = {"speculative": False, "speculative.n_max": 4, "speculative.n_min": 2}
+    responses = ResponsesRequest.model_validate({"model": "m", "input": "hi", **fields})
+    messages = MessagesRequest.model_validate({"model": "m", "max_tokens": 5, **fields,
+                                               "messages": [{"role": "user", "content": "hi"}]})
+    chats = [chat_request(responses, [{"role": "user", "content": "hi"}]), to_chat_request(messages).chat]
+    for chat in chats:
+        assert (chat.speculative, chat.speculative_n_max, chat.speculative_n_min) == (False, 4, 2)
+    plain = MessagesRequest.model_validate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    assert to_chat_request(plain).chat.speculative is None  # left to the model
+    for route, body in ((ResponsesRequest, {"model": "m", "input": "hi"}),
+                        (MessagesRequest, {"model": "m", "max_tokens": 5, "messages": []})):
+        with pytest.raises(ValidationError, match="speculative.n_max"):
+            route.model_validate({**body, "speculative.n_max": 65})
