@@ -32,7 +32,7 @@ def traced(request):
     overlays: list = ["configs/local-cpu.yaml"] + (["configs/local-graph.yaml"] if topology == "graph" else [])
     with OTLPCollector() as collector:
         config = load_config(*overlays, {"applications": [{"name": APP, "args": {
-            "models": [{"id": MODEL, "n_ctx": 1024}],
+            "models": [{"id": MODEL, "n_ctx": 1024, "speculative": {"adaptive": False}}],
             "tracing": {"endpoint": collector.url, "service_name": SERVICE}}}]})
         # The replicas inherit this environment: their span batches leave every 0.2 s instead of 5 s; a
         # host name this keyless server answers besides loopback ones (test_a_keyless_server_...).
@@ -115,13 +115,20 @@ def test_model_metrics_under_vllm_names(traced):
     r = httpx.post(f"{cluster.url}/v1/completions", headers=cluster.headers, timeout=120,
                    json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "grammar": GRAMMAR})
     assert r.status_code == 200, r.text
+    # A reply that copies its prompt: prompt-lookup drafts verified (the model's `speculative`, every proposal).
+    r = httpx.post(f"{cluster.url}/v1/completions", headers=cluster.headers, timeout=120,
+                   json={"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2,",
+                         "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
     url = f"http://127.0.0.1:{cluster.metrics_port}/metrics"
     wanted = ["ray_vllm_time_to_first_token_seconds_bucket", "ray_vllm_request_time_per_output_token_seconds_bucket",
               "ray_vllm_e2e_request_latency_seconds_bucket", "ray_vllm_request_queue_time_seconds_bucket",
               "ray_vllm_request_prefill_time_seconds_bucket", "ray_vllm_request_decode_time_seconds_bucket",
               "ray_vllm_prompt_tokens_total", "ray_vllm_generation_tokens_total",
               "ray_vllm_prefix_cache_queries_total", "ray_vllm_request_success_total",
-              "ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting"]
+              "ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting",
+              "ray_vllm_spec_decode_num_drafts_total", "ray_vllm_spec_decode_num_draft_tokens_total",
+              "ray_vllm_spec_decode_num_accepted_tokens_total"]
     deadline, text = time.monotonic() + 60, ""
     while time.monotonic() < deadline:
         text = httpx.get(url, timeout=10).text
@@ -135,6 +142,8 @@ def test_model_metrics_under_vllm_names(traced):
     host = "Ingress" if topology == "single" else MODEL_DEPLOYMENT
     assert any(f'deployment="{host}"' in ln for ln in ttft), ttft
     assert sum(float(ln.rsplit(" ", 1)[1]) for ln in ttft) >= 1
+    accepted = [ln for ln in text.splitlines() if ln.startswith("ray_vllm_spec_decode_num_accepted_tokens_total{")]
+    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in accepted) >= 1, accepted
     success = [ln for ln in text.splitlines() if ln.startswith("ray_vllm_request_success_total{")]
     assert any('finished_reason="length"' in ln for ln in success), success
     requests = [ln for ln in text.splitlines() if ln.startswith("ray_llamaray_requests_total{")]

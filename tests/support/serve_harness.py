@@ -275,7 +275,8 @@ def standard_config(shape: str) -> dict[str, Any]:
     """The shared test graph of one shape: `single` as `make run` serves it, `graph` as a cluster does
     (Ingress, ChatProcessor, a LlamaModel deployment per model), with API keys required and two model
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
-    itself) with replies read by the `think` reasoning parser; an embedding model, all-MiniLM-L6-v2; and a
+    itself) with replies read by the `think` reasoning parser and prompt-lookup speculation verifying every
+    proposal; an embedding model, all-MiniLM-L6-v2; and a
     reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
     projector (tools/colour_mmproj.py), and has two LoRA adapters (ADAPTERS, tools/make_lora.py); the second
     takes none. Its response store is small (8 MiB, 2 MiB a
@@ -292,8 +293,11 @@ def standard_config(shape: str) -> dict[str, Any]:
             # smaller context so a too-long prompt is cheap to build
             {"id": MODEL, "n_ctx": 1024, "n_seq_max": 4, "mmproj_path": str(colour_mmproj()),
              "adapters": [{"name": name, "path": str(lora_dir() / f"{name}.gguf")} for name in ADAPTERS]},
+            # Every prompt-lookup proposal verified: the tests on this model run with drafts in flight
+            # (tests/graph/test_speculative_graph.py compares its replies with speculation off).
             {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
-             "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE},
+             "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE,
+             "speculative": {"adaptive": False}},
             {"id": EMBED_MODEL, "kind": "embedding", "model_path": embedder_gguf(), "n_seq_max": 16, "n_threads": 1,
              "n_gpu_layers": 0, "dimensions": [128, 256]},
             {"id": RERANK_MODEL, "kind": "rerank", "model_path": reranker_gguf(), "n_seq_max": 16, "n_threads": 1,

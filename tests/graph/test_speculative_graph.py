@@ -1,0 +1,54 @@
+"""Speculative decoding through the shared test graph, each topology: THINK_MODEL verifies every prompt-lookup
+proposal (`speculative: {adaptive: false}`, tests/support/serve_harness.py). Over a copy corpus the model
+really follows, its greedy replies equal the same requests with `speculative: false`, one at a time and four at
+once (two slots: two wait), through the openai SDK, up to near-ties: verifying several tokens in one batch
+changes llama.cpp's sums in the last bits, so a reply may part ways only where the baseline's top two tokens
+are within TIE_NATS (tests/engine/test_engine_speculation.py, where it is measured, says why 0.25)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.support.serve_harness import REPRODUCIBLE, THINK_MODEL
+
+pytestmark = pytest.mark.timeout(600)
+
+TIE_NATS = 0.25
+COPY = [
+    "Repeat this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes, honeydew.",
+    "Copy this code exactly:\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n",
+    "Copy this list exactly:\n1. Monday\n2. Tuesday\n3. Wednesday\n4. Thursday\n5. Friday",
+    "Repeat exactly: red, orange, yellow, green, blue, indigo, violet, red, orange, yellow.",
+]
+
+
+def ask(client, text: str, speculative: bool):
+    r = client.chat.completions.create(
+        model=THINK_MODEL, messages=[{"role": "system", "content": "You repeat text exactly as given."},
+                                     {"role": "user", "content": text}], max_tokens=40, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body={"speculative": speculative, **REPRODUCIBLE})
+    return r.choices[0]
+
+
+def same_up_to_a_tie(base, spec) -> bool:
+    a, b = base.logprobs.content, spec.logprobs.content
+    if [t.token for t in a] == [t.token for t in b]:
+        assert (base.message.content, base.finish_reason) == (spec.message.content, spec.finish_reason)
+        return True
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if x.token != y.token)
+    top = a[i].top_logprobs
+    assert len(top) == 2 and top[0].logprob - top[1].logprob < TIE_NATS, (i, a[i], b[i])
+    return False
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_greedy_replies_equal_with_speculation_off(client, concurrency):
+    with ThreadPoolExecutor(concurrency) as pool:
+        base = list(pool.map(lambda t: ask(client, t, False), COPY))
+        spec = list(pool.map(lambda t: ask(client, t, True), COPY))
+    assert "apples, bananas, cherries" in base[0].message.content  # the corpus is copied, so drafts are taken
+    assert "def mul(a, b):" in base[1].message.content
+    for x, y in zip(base, spec):
+        same_up_to_a_tie(x, y)
