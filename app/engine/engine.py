@@ -786,8 +786,8 @@ class LlamaEngine(DecodeThread):
         """The draft tokens each generating slot verifies this step (by slot index): up to what its n_max, the
         batch's `room`, its max_tokens and its context leave (each row samples one token more), as many as its
         budget finds worth their rows (speculation.py). A costly drafter (a draft model) is asked only for
-        sequences whose drafts may pay. A proposal not verified is watched: the tokens generated next measure
-        the acceptance it would have had."""
+        sequences whose drafts may pay, and now and then for a short probe. A proposal not verified is watched:
+        the tokens generated next measure the acceptance it would have had."""
         cost, sequences, draft_s = self.step_cost, len(generating), self._drafter.seconds_per_token()
         rows = sequences
         asks: list[tuple[Slot, DraftAsk]] = []
@@ -796,7 +796,9 @@ class LlamaEngine(DecodeThread):
             if gen.draft is None:
                 continue
             k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
-            if k > 0 and (self._drafter.cheap or gen.draft.worth_asking(k, cost, rows, sequences, draft_s)):
+            if k > 0 and not self._drafter.cheap:
+                k = gen.draft.worth_asking(k, cost, rows, sequences, draft_s)
+            if k > 0:
                 asks.append((slot, DraftAsk(slot.index, slot.tokens, gen.last_token, k, gen.drafter)))
         if not asks:
             return {}

@@ -24,9 +24,13 @@ from typing import Any, Protocol
 # Acceptance is a decayed count of draft tokens picked and not picked: about the last 1/(1-DECAY) tokens.
 DECAY = 0.95
 PRIOR = 1.0  # one pick and one miss to start from (an acceptance of 1/2)
-# A drafter whose proposals cost decodes (a draft model) is asked every this many steps even where drafts do not
-# pay, so that the watched proposal keeps the sequence's acceptance current.
+# A drafter whose proposals cost decodes (a draft model) is asked for a short proposal (PROBE_TOKENS) now and then
+# where drafts do not pay at the acceptance measured but would at a better one, so that the watched proposal keeps
+# the acceptance current: after PROBE_STEPS steps, then twice as long after each probe that finds it still not
+# worth it, up to PROBE_MAX_STEPS. A probe costs the draft's catching up with the sequence and its proposal.
 PROBE_STEPS = 16
+PROBE_MAX_STEPS = 512
+PROBE_TOKENS = 2
 
 
 class SequenceDrafter(Protocol):
@@ -186,23 +190,32 @@ class DraftBudget:
     accepted: int = 0       # of those, accepted
     watching: list[int] = field(default_factory=list)  # a proposal not verified, checked against what follows
     declined: int = 0       # steps in a row it was not asked for proposals (a costly drafter's probe)
+    probe_every: int = PROBE_STEPS
 
     @property
     def acceptance(self) -> float:
         return self.picked / (self.picked + self.missed)
 
-    def worth_asking(self, k: int, cost: StepCost, rows: int, sequences: int, draft_s: float) -> bool:
-        """Whether a costly drafter should propose up to `k` tokens this step: where drafts may pay, and every
-        PROBE_STEPS steps regardless (the proposal is then watched, keeping the acceptance current)."""
-        if self.length(k, cost, rows, sequences, draft_s) > 0 or self.declined + 1 >= PROBE_STEPS:
-            self.declined = 0
-            return True
+    def worth_asking(self, k: int, cost: StepCost, rows: int, sequences: int, draft_s: float) -> int:
+        """How many tokens a costly drafter should propose this step (0: none): `k` where drafts may pay; a
+        probe's PROBE_TOKENS now and then (PROBE_STEPS, doubling) where they would pay at a better acceptance;
+        never where even an acceptance of 1 would not pay (a draft as slow as its target, a CPU's rows)."""
+        if self.length(k, cost, rows, sequences, draft_s) > 0:
+            self.declined, self.probe_every = 0, PROBE_STEPS
+            return k
+        if self.length(k, cost, rows, sequences, draft_s, acceptance=1.0) == 0:
+            return 0
         self.declined += 1
-        return False
+        if self.declined < self.probe_every:
+            return 0
+        self.declined, self.probe_every = 0, min(2 * self.probe_every, PROBE_MAX_STEPS)
+        return min(k, PROBE_TOKENS)
 
-    def length(self, proposed: int, cost: StepCost, rows: int, sequences: int, draft_s: float = 0.0) -> int:
+    def length(self, proposed: int, cost: StepCost, rows: int, sequences: int, draft_s: float = 0.0,
+               acceptance: float | None = None) -> int:
         """How many of `proposed` draft tokens to verify in a step of `rows` rows (before these) that
-        emits a token for each of `sequences` sequences, where proposing costs `draft_s` a token."""
+        emits a token for each of `sequences` sequences, where proposing costs `draft_s` a token; at the
+        sequence's measured acceptance, or at `acceptance`."""
         k_max = min(proposed, self.n_max)
         if k_max < max(1, self.n_min):
             return 0
@@ -210,7 +223,8 @@ class DraftBudget:
             return k_max
         base = cost.seconds(rows)
         rate = sequences / base  # tokens per second of this step without drafts
-        p, expected, best, best_gain = self.acceptance, 0.0, 0, 0.0
+        p = self.acceptance if acceptance is None else acceptance
+        expected, best, best_gain = 0.0, 0, 0.0
         for k in range(1, k_max + 1):
             expected += p ** k
             gain = expected - rate * (cost.seconds(rows + k) - base + k * draft_s)

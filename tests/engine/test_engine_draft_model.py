@@ -76,9 +76,9 @@ def test_an_early_exit_draft_proposes_and_changes_nothing(bundled_spec, tmp_path
 
 
 def test_adaptive_drafting_counts_the_drafts_own_decode(bundled_spec):
-    """With a CPU's step cost, a draft as slow as the target never pays, however well it agrees: nothing is
-    verified, though its probes (watched, every PROBE_STEPS steps) measure an acceptance near 1. With free rows
-    (a GPU's) and the real draft, it drafts."""
+    """With a CPU's step cost, a draft as slow as the target never pays, however well it agrees: it is never
+    asked (not even for probes, which would cost its decodes). With free rows (a GPU's) and the real draft, it
+    drafts."""
     eng = draft_engine(bundled_spec, bundled_spec.path, adaptive=True, slots=2)
     try:
         assert eng._drafter.seconds_per_token() > 0

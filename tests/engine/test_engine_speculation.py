@@ -24,7 +24,7 @@ import pytest
 from app.config.settings import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
-from app.engine.speculation import DraftBudget, NgramDrafter, NgramIndex, StepCost
+from app.engine.speculation import PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, DraftBudget, NgramDrafter, NgramIndex, StepCost
 from app.grammar.request_grammars import json_grammar
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox
@@ -335,6 +335,26 @@ def test_a_watched_proposal_measures_acceptance_without_verifying():
         b.generated(9)  # a miss ends the watch: the next tokens are not compared
         b.generated(6)
     assert b.acceptance < 0.4 and b.length(3, CPU, rows=1, sequences=1) == 0
+
+
+def test_a_costly_drafter_is_probed_ever_less_and_never_where_it_cannot_pay():
+    """A draft model's proposal costs its decodes: asked where drafts pay; where they would pay only at a better
+    acceptance, probed with a short proposal after PROBE_STEPS steps, then ever more rarely; never where even an
+    acceptance of 1 would not pay (here: a draft costing 5 ms a token beside a CPU's 6.4 ms step)."""
+    cheap_draft, slow_draft = 0.0002, 0.005
+    good = DraftBudget(n_max=8)
+    for _ in range(60):
+        good.verified(8, 8)
+    assert good.worth_asking(8, CPU, 1, 1, cheap_draft) == 8
+    assert all(good.worth_asking(8, CPU, 1, 1, slow_draft) == 0 for _ in range(5000))
+    poor = DraftBudget(n_max=8)
+    for _ in range(60):
+        poor.verified(8, 0)
+    asked = [step for step in range(4000) if poor.worth_asking(8, CPU, 1, 1, cheap_draft)]
+    gaps = [b - a for a, b in zip([-1, *asked], asked)]
+    assert gaps[:4] == [PROBE_STEPS, 2 * PROBE_STEPS, 4 * PROBE_STEPS, 8 * PROBE_STEPS], gaps
+    assert max(gaps) == PROBE_MAX_STEPS and len(asked) < 20
+    assert poor.worth_asking(8, CPU, 1, 1, cheap_draft) in (0, PROBE_TOKENS)
 
 
 def test_step_cost_interpolates_and_extrapolates():
