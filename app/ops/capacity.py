@@ -7,7 +7,8 @@ short some replica waits for resources forever (no autoscaler) and which one is 
 
 What a replica asks: its Ray reservation (`replica_request`: CPU, GPU, custom resources), and for a model
 that runs on the CPU its host memory, measured from its GGUF (the weights, counted once per file since
-replicas on one node share the mapped pages, plus each replica's KV cache at n_ctx x n_seq_max in f16).
+replicas on one node share the mapped pages, plus each replica's KV cache at n_ctx x n_seq_max in f16), its
+speculative draft model's file and KV cache included.
 """
 
 from __future__ import annotations
@@ -69,15 +70,31 @@ def kv_cache_bytes(meta: dict[str, Any], n_ctx: int, n_seq_max: int) -> int:
     return layers * kv_heads * (key + value) * 2 * n_ctx * n_seq_max
 
 
-def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -> tuple[int, int, str]:
-    """(weights bytes, KV bytes per replica, note) of a model that runs on the host; (0, 0, why) when it is
-    not measured here (it reserves a GPU, or its file is not on this machine)."""
+def gguf_memory(path: str, n_ctx: int, n_seq_max: int) -> tuple[int, int]:
+    """(file bytes, KV cache bytes) of a local GGUF loaded at `n_ctx` per sequence x `n_seq_max`."""
+    return Path(path).stat().st_size, kv_cache_bytes(read_metadata(path), n_ctx, n_seq_max)
+
+
+def draft_path(spec: ModelSpec) -> str:
+    """The model's draft GGUF for speculative decoding, when it has one on this machine: a second context
+    beside the model's, with its own weights and a KV cache of the same n_ctx x n_seq_max."""
+    path = spec.speculative.draft_path if spec.speculative else ""
+    return path if path and Path(path).is_file() else ""
+
+
+def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -> tuple[dict[str, int], int, str]:
+    """({file: bytes} of the weights a replica maps, KV bytes per replica, note) of a model that runs on the
+    host, its draft model's included; ({}, 0, why) when it is not measured here (it reserves a GPU, or its
+    file is not on this machine)."""
     if request.get("GPU", 0) > 0:
-        return 0, 0, "on a GPU: host memory not counted"
+        return {}, 0, "on a GPU: host memory not counted"
     if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
-        return 0, 0, "no local GGUF: memory not counted"
-    meta = read_metadata(spec.path)
-    return Path(spec.path).stat().st_size, kv_cache_bytes(meta, cfg.n_ctx, cfg.n_seq_max), ""
+        return {}, 0, "no local GGUF: memory not counted"
+    files, kv = {}, 0
+    for path in filter(None, (spec.path, draft_path(spec))):
+        files[path], cache = gguf_memory(path, cfg.n_ctx, cfg.n_seq_max)
+        kv += cache
+    return files, kv, ""
 
 
 def total_asked(asks: list[Ask], weights: dict[str, int]) -> dict[str, float]:

@@ -226,9 +226,8 @@ def _asks(options: dict[str, dict[str, Any]], models: list[ModelConfig], specs: 
         spec, ask = specs.get(model.id), out.get(host)
         if spec is None or ask is None:
             continue
-        weight, kv, why = model_memory(spec, model, ask.request)
-        if weight:
-            weights[spec.path] = weight
+        files, kv, why = model_memory(spec, model, ask.request)
+        weights.update(files)
         if kv and "memory" not in (options[host].get("ray_actor_options") or {}):
             ask.request["memory"] = ask.request.get("memory", 0.0) + kv
         ask.memory_note = ask.memory_note or why

@@ -1,7 +1,7 @@
 """A pool as the operator plans it: each model's memory measured from its GGUF (the file plus its KV cache at
-n_ctx x n_seq_max, as check-config's capacity sum measures a model), the plan its replicas get, the pool
-deployment's default options, and check-config's problems (a model over the budget, pinned models that do not
-fit together)."""
+n_ctx x n_seq_max, its draft model's too, as check-config's capacity sum measures a model), the plan its
+replicas get, the pool deployment's default options, and check-config's problems (a model over the budget,
+pinned models that do not fit together)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
-from ..model_sources.gguf import GGUFError, read_metadata
+from ..model_sources.gguf import GGUFError
 from ..pools.plan import MIB, PoolPlan, mib
-from .capacity import kv_cache_bytes
+from .capacity import draft_path, gguf_memory
 from ..routing.prefix_routing import max_chars_for
 from .placement import DEFAULT_MAX_REPLICAS, POOL_ROUTER_CLASS, fits, ingress_hosting_defaults
 
@@ -23,15 +23,15 @@ def pool_deployment_name(pool: str) -> str:
 
 
 def model_need(spec: ModelSpec) -> int:
-    """Bytes a model takes loaded: its GGUF's size plus its KV cache; 0 when its file is not here (a remote
-    model not fetched yet: not measured)."""
+    """Bytes a model takes loaded: its GGUF's size plus its KV cache, and its draft model's; 0 when its file is
+    not here (a remote model not fetched yet: not measured)."""
     if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
         return 0
     try:
-        meta = read_metadata(spec.path)
+        return sum(sum(gguf_memory(path, spec.n_ctx, spec.n_seq_max))
+                   for path in filter(None, (spec.path, draft_path(spec))))
     except (GGUFError, OSError):
         return 0
-    return Path(spec.path).stat().st_size + kv_cache_bytes(meta, spec.n_ctx, spec.n_seq_max)
 
 
 def pool_plan(pool: PoolConfig, specs: list[ModelSpec]) -> PoolPlan:
@@ -48,9 +48,10 @@ def pool_problems(plan: PoolPlan) -> list[str]:
     """A model larger than the budget can never load; pinned models that do not fit together neither."""
     if plan.budget_bytes is None:
         return []
-    out = [f"pool {plan.name!r}: model {m!r} needs {mib(n)} (its GGUF plus its KV cache at n_ctx x n_seq_max), more "
-           f"than the pool's memory_budget_mib ({mib(plan.budget_bytes)}): it could never load; raise the budget, "
-           f"or lower its n_ctx or n_seq_max" for m, n in plan.needs.items() if n > plan.budget_bytes]
+    out = [f"pool {plan.name!r}: model {m!r} needs {mib(n)} (its GGUF plus its KV cache at n_ctx x n_seq_max, "
+           f"a draft model's included), more than the pool's memory_budget_mib ({mib(plan.budget_bytes)}): it "
+           f"could never load; raise the budget, or lower its n_ctx or n_seq_max"
+           for m, n in plan.needs.items() if n > plan.budget_bytes]
     pinned = sum(plan.needs.get(m, 0) for m in plan.pinned)
     if pinned > plan.budget_bytes:
         out.append(f"pool {plan.name!r}: its pinned models ({', '.join(plan.pinned)}) need {mib(pinned)} together, "

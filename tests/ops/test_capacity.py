@@ -86,6 +86,21 @@ def test_memory_is_the_file_once_and_each_replicas_kv_cache():
     assert check_config(_config(2), capacity=roomy) == []
 
 
+def test_a_draft_models_file_and_kv_cache_are_counted(tmp_path):
+    from tools.early_exit_gguf import write_early_exit
+
+    draft = str(write_early_exit(tmp_path / "draft.gguf", layers=10))
+    spec = resolve_model(ModelConfig(id="m", model_path=BUNDLED), None)
+    model_kv, draft_kv = (kv_cache_bytes(read_metadata(p), 512, 2) for p in (spec.path, draft))
+    sizes = __import__("os").path.getsize(spec.path) + __import__("os").path.getsize(draft)
+    config = _config(1, speculative={"type": "draft", "draft_model": draft})
+    enough = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv)}, "a node")
+    assert check_config(config, capacity=enough) == []
+    short = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv - 1)}, "a node")
+    (line,) = check_config(config, capacity=short)
+    assert f"model files {sizes / GIB:.2f} GiB" in line, line
+
+
 def test_a_cluster_file_at_its_largest():
     cluster = {"head_node_type": "head", "available_node_types": {
         "head": {"resources": {"CPU": 2}, "max_workers": 0},

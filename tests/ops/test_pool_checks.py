@@ -32,6 +32,18 @@ def test_a_models_need_is_its_file_plus_its_kv_cache():
     assert plan.needs["a"] == Path(path).stat().st_size + kv_cache_bytes(read_metadata(path), 1024, 2)
 
 
+def test_a_models_need_counts_its_draft_model(tmp_path):
+    """A draft for speculative decoding is a second context on the replica: its file and its own KV cache."""
+    from tools.early_exit_gguf import write_early_exit
+
+    draft = str(write_early_exit(tmp_path / "draft.gguf", layers=10))
+    spec = {"type": "draft", "draft_model": draft}
+    args = parse_args({"models": [pooled("a"), pooled("b", speculative=spec)], "pools": [{"name": "tail"}]})
+    needs = pool_plans(args, resolve_models(args))[0].needs
+    assert needs["b"] - needs["a"] == Path(draft).stat().st_size + kv_cache_bytes(read_metadata(draft), 1024, 2)
+    assert kv_cache_bytes(read_metadata(draft), 1024, 2) == 10 * 3 * 128 * 2 * 2048  # its 10 blocks only
+
+
 def test_a_model_over_the_budget_and_pinned_that_do_not_fit_are_problems():
     problems = check_config(app([pooled("a"), pooled("b"), pooled("big", n_ctx=8192, n_seq_max=16)],
                                 [{"name": "tail", "max_models": 3, "memory_budget_mib": 200, "pinned": ["a", "b"]}]))
