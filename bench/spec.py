@@ -196,7 +196,7 @@ def main() -> None:
                 held.append(eng)
             runners["off"] = lambda ps, e=eng: engine_wave(e, ps, False, args.max_tokens)
         step_ms = next((e.stats()["spec_step_ms"] for e in held if isinstance(e, LlamaEngine)), {})
-        order = [a for a in args.arms]
+        order = list(args.arms)
         for c in levels:
             for workload, texts in (("copy", COPY), ("free", FREE)):
                 prompts = [render_prompt(base.chat_template, [{"role": "user", "content": t}]) for t in texts]

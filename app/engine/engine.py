@@ -797,7 +797,7 @@ class LlamaEngine(DecodeThread):
                 continue
             k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
             if k > 0 and not self._drafter.cheap:
-                k = gen.draft.worth_asking(k, cost, rows, sequences, draft_s)
+                k = gen.draft.tokens_to_ask(k, cost, rows, sequences, draft_s)
             if k > 0:
                 asks.append((slot, DraftAsk(slot.index, slot.tokens, gen.last_token, k, gen.drafter)))
         if not asks:

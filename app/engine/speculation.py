@@ -196,7 +196,7 @@ class DraftBudget:
     def acceptance(self) -> float:
         return self.picked / (self.picked + self.missed)
 
-    def worth_asking(self, k: int, cost: StepCost, rows: int, sequences: int, draft_s: float) -> int:
+    def tokens_to_ask(self, k: int, cost: StepCost, rows: int, sequences: int, draft_s: float) -> int:
         """How many tokens a costly drafter should propose this step (0: none): `k` where drafts may pay; a
         probe's PROBE_TOKENS now and then (PROBE_STEPS, doubling) where they would pay at a better acceptance;
         never where even an acceptance of 1 would not pay (a draft as slow as its target, a CPU's rows)."""

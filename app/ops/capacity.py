@@ -75,11 +75,14 @@ def gguf_memory(path: str, n_ctx: int, n_seq_max: int) -> tuple[int, int]:
     return Path(path).stat().st_size, kv_cache_bytes(read_metadata(path), n_ctx, n_seq_max)
 
 
-def draft_path(spec: ModelSpec) -> str:
-    """The model's draft GGUF for speculative decoding, when it has one on this machine: a second context
-    beside the model's, with its own weights and a KV cache of the same n_ctx x n_seq_max."""
-    path = spec.speculative.draft_path if spec.speculative else ""
-    return path if path and Path(path).is_file() else ""
+def local_gguf_files(spec: ModelSpec) -> list[str]:
+    """The GGUFs a llama model's replica loads, when its file is on this machine: the model's, then its draft's
+    for speculative decoding (a second context beside the model's, with its own weights and a KV cache of the
+    same n_ctx x n_seq_max); [] when not measured here (a remote model not fetched yet)."""
+    if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
+        return []
+    draft = spec.speculative.draft_path if spec.speculative else ""
+    return [spec.path, *([draft] if draft and Path(draft).is_file() else [])]
 
 
 def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -> tuple[dict[str, int], int, str]:
@@ -88,10 +91,11 @@ def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -
     file is not on this machine)."""
     if request.get("GPU", 0) > 0:
         return {}, 0, "on a GPU: host memory not counted"
-    if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
+    paths = local_gguf_files(spec)
+    if not paths:
         return {}, 0, "no local GGUF: memory not counted"
     files, kv = {}, 0
-    for path in filter(None, (spec.path, draft_path(spec))):
+    for path in paths:
         files[path], cache = gguf_memory(path, cfg.n_ctx, cfg.n_seq_max)
         kv += cache
     return files, kv, ""

@@ -6,13 +6,12 @@ pinned models that do not fit together)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
 from ..model_sources.gguf import GGUFError
 from ..pools.plan import MIB, PoolPlan, mib
-from .capacity import draft_path, gguf_memory
+from .capacity import gguf_memory, local_gguf_files
 from ..routing.prefix_routing import max_chars_for
 from .placement import DEFAULT_MAX_REPLICAS, POOL_ROUTER_CLASS, fits, ingress_hosting_defaults
 
@@ -25,11 +24,8 @@ def pool_deployment_name(pool: str) -> str:
 def model_need(spec: ModelSpec) -> int:
     """Bytes a model takes loaded: its GGUF's size plus its KV cache, and its draft model's; 0 when its file is
     not here (a remote model not fetched yet: not measured)."""
-    if spec.engine != "llama" or not spec.path or not Path(spec.path).is_file():
-        return 0
     try:
-        return sum(sum(gguf_memory(path, spec.n_ctx, spec.n_seq_max))
-                   for path in filter(None, (spec.path, draft_path(spec))))
+        return sum(sum(gguf_memory(path, spec.n_ctx, spec.n_seq_max)) for path in local_gguf_files(spec))
     except (GGUFError, OSError):
         return 0
 

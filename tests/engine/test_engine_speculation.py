@@ -24,14 +24,15 @@ import pytest
 from app.config.settings import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
-from app.engine.speculation import PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, DraftBudget, NgramDrafter, NgramIndex, StepCost
+from app.engine.speculation import (PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, DraftBudget, NgramDrafter, NgramIndex,
+                                    StepCost)
 from app.grammar.request_grammars import json_grammar
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox
+from tests.support.ties import TIE_NATS
 
 pytestmark = pytest.mark.model
 
-TIE_NATS = 0.25
 SLOTS = 8
 
 COPY = [
@@ -345,16 +346,16 @@ def test_a_costly_drafter_is_probed_ever_less_and_never_where_it_cannot_pay():
     good = DraftBudget(n_max=8)
     for _ in range(60):
         good.verified(8, 8)
-    assert good.worth_asking(8, CPU, 1, 1, cheap_draft) == 8
-    assert all(good.worth_asking(8, CPU, 1, 1, slow_draft) == 0 for _ in range(5000))
+    assert good.tokens_to_ask(8, CPU, 1, 1, cheap_draft) == 8
+    assert all(good.tokens_to_ask(8, CPU, 1, 1, slow_draft) == 0 for _ in range(5000))
     poor = DraftBudget(n_max=8)
     for _ in range(60):
         poor.verified(8, 0)
-    asked = [step for step in range(4000) if poor.worth_asking(8, CPU, 1, 1, cheap_draft)]
+    asked = [step for step in range(4000) if poor.tokens_to_ask(8, CPU, 1, 1, cheap_draft)]
     gaps = [b - a for a, b in zip([-1, *asked], asked)]
     assert gaps[:4] == [PROBE_STEPS, 2 * PROBE_STEPS, 4 * PROBE_STEPS, 8 * PROBE_STEPS], gaps
     assert max(gaps) == PROBE_MAX_STEPS and len(asked) < 20
-    assert poor.worth_asking(8, CPU, 1, 1, cheap_draft) in (0, PROBE_TOKENS)
+    assert poor.tokens_to_ask(8, CPU, 1, 1, cheap_draft) in (0, PROBE_TOKENS)
 
 
 def test_step_cost_interpolates_and_extrapolates():

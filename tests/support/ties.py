@@ -1,7 +1,7 @@
 """Greedy replies compared up to near-ties. A batch's composition (other sequences beside it, drafts verified in
 it, adapters decoded in their own steps) changes llama.cpp's sums in the last bits, so two greedy replies to one
 prompt may part ways where the model's top two tokens are nearly tied, and nowhere else. TIE_NATS is the gap
-measured and stated in tests/engine/test_engine_speculation.py."""
+measured and stated in tests/engine/test_engine_speculation.py, which uses it too."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ def same_up_to_a_tie(base: list[dict[str, Any]], other: list[dict[str, Any]]) ->
     and then False."""
     if [t["token"] for t in base] == [t["token"] for t in other]:
         return True
-    i = next((i for i, (x, y) in enumerate(zip(base, other)) if x["token"] != y["token"]), None)
-    if i is None:
-        return False  # one ended (its end-of-generation token is not listed) where the other went on
+    i = next(i for i, (x, y) in enumerate(zip(base, other)) if x["token"] != y["token"])  # not one's prefix
     top = base[i]["top_logprobs"]
     assert len(top) >= 2 and top[0]["logprob"] - top[1]["logprob"] < TIE_NATS, (i, base[i], other[i])
     return False
