@@ -98,7 +98,8 @@ async def level(server, concurrency: int, seconds: float, out: Path, rate: int) 
     pids = tier_pids(server.session_id)
     log(f"c={concurrency}: profiling {', '.join(f'{t} {p}' for t, ps in pids.items() for p in ps)}")
     await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS, max_tokens=16)  # warm
-    samplers = {(tier, pid): record(pid, seconds, out / f"{tier}-{pid}-c{concurrency}", rate)
+    # --rate 0: CPU per thread only (py-spy's own sampling takes CPU from a 2-core machine's llama.cpp threads)
+    samplers = {(tier, pid): record(pid, seconds, out / f"{tier}-{pid}-c{concurrency}", rate) if rate else []
                 for tier, ps in pids.items() for pid in ps}
     done: list[int] = []
     cpu0 = {pid: thread_cpu(pid) for ps in pids.values() for pid in ps}
@@ -126,7 +127,8 @@ async def level(server, concurrency: int, seconds: float, out: Path, rate: int) 
         for t, s in sorted(used.items(), key=lambda kv: -kv[1]):
             if s >= 0.01 * wall:
                 print(f"  {s / wall:6.3f} cores  {t}")
-        print("\n".join(summarise(collapsed(raw))))
+        if rate:
+            print("\n".join(summarise(collapsed(raw))))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -135,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server", default="llamaray", choices=["llamaray", "llamaray-graph"])
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second (0: no py-spy, CPU per thread only)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "profile")
     ns = p.parse_args(argv)
     ns.concurrency = [int(c) for c in ns.concurrency.split(",") if c.strip()]

@@ -57,8 +57,10 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     }
     # The processing's deployment holds the Responses store and the tenant ledger, in both shapes.
     processor = ChatProcessor.options(deployment_actors=processing_actors(parsed))
-    processor = processor.bind(specs, models, parsed.limits, parsed.auth, parsed.tracing, pools=pools)
-    return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing)
+    processor = processor.bind(specs, models, parsed.limits, parsed.auth, parsed.tracing, pools=pools,
+                               channels=parsed.stream_channels)
+    return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing,
+                             channels=parsed.stream_channels)
 
 
 def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:

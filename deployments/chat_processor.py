@@ -17,8 +17,10 @@ from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
 from app.serving.processing import Processor
+from app.serving.stream_channels import ChannelRoute
 from app.serving.traced_models import traced_models
 
+from .channels import channel_info, channel_stream, served
 from .error_mapping import call_mapped
 from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
@@ -34,14 +36,14 @@ from .tenant_ledger import tenancy
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
                  auth: AuthConfig, tracing_config: TracingConfig | None = None, *,
-                 pools: dict[str, DeploymentHandle] | None = None) -> None:
+                 pools: dict[str, DeploymentHandle] | None = None, channels: bool = True) -> None:
         tracing.configure(tracing_config)
         handles, names = dict(models), {mid: deployment_name(mid) for mid in models}
         for spec in specs:
             if spec.pool:  # Serve routes it to a pool replica that holds the model (model multiplexing)
                 handles[spec.id] = (pools or {})[spec.pool].options(multiplexed_model_id=spec.id)
                 names[spec.id] = pool_deployment_name(spec.pool)
-        remote = traced_models(RemoteModels(handles), names)
+        remote = traced_models(RemoteModels(handles, channels=channels), names)
         store = ActorResponseStore() if store_enabled(limits) else None
         app = serve.get_replica_context().app_name
 
@@ -56,22 +58,24 @@ class ChatProcessor:
     async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
         return await self.processor.respond(request, caller)
 
-    async def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
-        async for batch in self.processor.stream(request, caller):
-            yield batch
+    async def stream(self, request: Any, caller: Caller,
+                     route: ChannelRoute | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+        async for item in served(route, self.processor.stream(request, caller)):
+            yield item
 
     def replica_info(self) -> dict[str, Any]:
-        return replica_info()
+        return {**replica_info(), "channels": channel_info()}
 
 
 class RemoteProcessing:
     """app.serving.processing.Processing over a handle to the ChatProcessor deployment. `admit(model)` runs
     first for a request that names a model and may refuse it at once (a model no node can hold)."""
 
-    def __init__(self, handle: DeploymentHandle, admit: Callable[[str], None]) -> None:
+    def __init__(self, handle: DeploymentHandle, admit: Callable[[str], None], channels: bool = True) -> None:
         self.handle = unary(handle)
         self.streaming = StreamHop(handle)
         self.admit = admit
+        self.channels = channels
 
     async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
         self._admit(request)
@@ -79,6 +83,8 @@ class RemoteProcessing:
 
     def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
         self._admit(request)
+        if self.channels:
+            return channel_stream(lambda route: self.streaming.to(request, caller).stream.remote(request, caller, route))
         return relay(lambda: self.streaming.to(request, caller).stream.remote(request, caller))
 
     def _admit(self, request: Any) -> None:

@@ -34,6 +34,7 @@ from app.serving.processing import Processing, Processor
 from app.serving.traced import traced_processing
 from app.serving.traced_models import traced_models
 
+from .channels import channel_info
 from .chat_processor import RemoteProcessing
 from .engine_host import EngineHost
 from .metrics import RayRequestObserver
@@ -85,7 +86,7 @@ class _Front:
 @serve.ingress()
 class GraphIngress(_Front):
     def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
-                 tracing_config: TracingConfig | None = None) -> None:
+                 tracing_config: TracingConfig | None = None, *, channels: bool = True) -> None:
         tracing.configure(tracing_config)
         self.app_name = serve.get_replica_context().app_name
         self.own = [s for s in specs if not s.pool]  # models with a deployment of their own
@@ -94,7 +95,7 @@ class GraphIngress(_Front):
             if spec.pool:
                 self.pools.setdefault(pool_deployment_name(spec.pool), []).append(spec.id)
         self.placement = PlacementWatch(self.app_name, self.own)
-        processing = traced_processing(RemoteProcessing(processor, self.placement.admit), "ChatProcessor",
+        processing = traced_processing(RemoteProcessing(processor, self.placement.admit, channels), "ChatProcessor",
                                        TABLE.hop_traced)
         self._serve(specs, limits, auth, processing, self._states)
 
@@ -106,7 +107,7 @@ class GraphIngress(_Front):
         return states
 
     def replica_info(self) -> dict[str, Any]:
-        return {**replica_info(), "placement_checks": self.placement.checks}
+        return {**replica_info(), "placement_checks": self.placement.checks, "channels": channel_info()}
 
 
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))

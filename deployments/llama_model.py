@@ -14,7 +14,10 @@ from app.engine.params import Job
 from app.observe import tracing
 from app.serving.models import ModelState
 
+from app.serving.stream_channels import ChannelRoute
+
 from . import model_status
+from .channels import channel_info, served
 from .engine_host import EngineHost
 from .replica import replica_info
 
@@ -42,16 +45,16 @@ class LlamaModel:
                 model_status.publish(*self._where, state)
                 self._published = state
 
-    async def generate(self, request: GenerationRequest):
-        async for batch in self.host.generate(request):
-            yield batch
+    async def generate(self, request: GenerationRequest, route: ChannelRoute | None = None):
+        async for item in served(route, self.host.generate(request)):
+            yield item
 
     async def run(self, job: Job[Any]) -> Any:
         """Any other job (app/engine/jobs.py), answered by EngineHost by its type."""
         return await self.host.run(job)
 
     def replica_info(self) -> dict[str, Any]:
-        return {**replica_info(), **self.host.info(), "health_checks": self._health_checks}
+        return {**replica_info(), **self.host.info(), "health_checks": self._health_checks, "channels": channel_info()}
 
     def check_health(self) -> None:
         self._health_checks += 1

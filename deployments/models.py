@@ -13,6 +13,7 @@ from app.engine.events import Event
 from app.engine.params import GenerationRequest, Job
 from app.serving.models import R
 
+from .channels import channel_stream
 from .error_mapping import call_mapped, to_api_error
 from .handles import StreamHop, unary
 from .relay import relay
@@ -44,17 +45,21 @@ class LocalModels:
 
 
 class RemoteModels:
-    """Models in LlamaModel (or LlamaPool) deployments of their own, over their handles (one Ray hop per
-    streamed item)."""
+    """Models in LlamaModel (or LlamaPool) deployments of their own, over their handles: one Serve call per
+    stream, its items through the model replica's stream channel to this replica (or, with `channels` off,
+    one Ray hop per streamed item)."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
+    def __init__(self, handles: dict[str, DeploymentHandle], channels: bool = True) -> None:
         # A request with images, or a long prompt, goes by reference (deployments/handles.py): one image's
         # pixels take up to limits.max_image_side² x 3 bytes (12 MiB at 2048), past gRPC's 4 MiB. A job
         # answers once, so it always does (an embedding reply may be large too).
         self.handles = {mid: unary(h) for mid, h in handles.items()}
         self.streams = {mid: StreamHop(h) for mid, h in handles.items()}
+        self.channels = channels  # the streamed items through stream channels (deployments/channels.py)
 
     def generate(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+        if self.channels:
+            return channel_stream(lambda route: self.streams[model_id].to(request).generate.remote(request, route))
         return relay(lambda: self.streams[model_id].to(request).generate.remote(request))
 
     async def run(self, model_id: str, job: Job[R]) -> R:

@@ -27,8 +27,10 @@ from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
 from app.pools.plan import PoolPlan
+from app.serving.stream_channels import ChannelRoute
 
 from . import pool_status
+from .channels import served
 from .engine_host import EngineHost
 from .metrics import PoolMetrics
 from .replica import replica_info
@@ -140,7 +142,11 @@ class LlamaPool:
         with self._publish_lock:
             pool_status.publish(*self._where, self.pool.states())
 
-    async def generate(self, request: GenerationRequest):
+    async def generate(self, request: GenerationRequest, route: ChannelRoute | None = None):
+        async for item in served(route, self._generate(request)):
+            yield item
+
+    async def _generate(self, request: GenerationRequest):
         host = await self._host()
         try:
             async for batch in host.generate(request):

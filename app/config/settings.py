@@ -500,6 +500,11 @@ class AppArgs(BaseModel):
         "graph", description="`graph`: an Ingress, a ChatProcessor and one LlamaModel deployment per model, each "
                              "scaled on its own (clusters); `single`: one Ingress replica that also renders prompts "
                              "and runs the engines, with no Ray hop per streamed item (one small machine)")
+    stream_channels: bool = Field(
+        True, description="topology `graph`: streamed items go between replicas over stream channels (one TCP "
+                          "connection per pair of replicas, one frame per write for all their streams; "
+                          "docs/architecture.md) instead of one Ray item each per stream; off only where "
+                          "replicas cannot open connections to each other's nodes")
 
     @model_validator(mode="before")
     @classmethod

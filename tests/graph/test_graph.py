@@ -3,6 +3,7 @@ with the official openai SDK and raw httpx; every body validated against OpenAI'
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import re
 import time
@@ -156,6 +157,34 @@ def test_sdk_streaming_iterator(client):
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 8
     assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_streams_items_cross_the_graph_over_stream_channels(cluster, http):
+    """Topology graph: a stream's items reach the ChatProcessor and the Ingress over the stream channels, many
+    streams' items per frame, and every stream still arrives whole and in order. Topology single has no hop:
+    its Ingress has no channel at all."""
+    before = {name: cluster.handle(name).replica_info.remote().result().get("channels")
+              for name in ("Ingress", "ChatProcessor")} if cluster.topology == "graph" else {}
+
+    def one(i):
+        r = http.post("/v1/chat/completions", json=chat(stream=True, max_tokens=12, seed=i, temperature=0.8))
+        chunks, events = sse_json(r.text)
+        return r.status_code, chunks, events
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    for status, chunks, events in results:
+        assert status == 200 and events[-1] == "[DONE]"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"  # the first chunk came first
+    if cluster.topology == "single":
+        assert "channels" not in cluster.handle("Ingress").replica_info.remote().result()
+        return
+    for name in ("Ingress", "ChatProcessor"):
+        after = cluster.handle(name).replica_info.remote().result()["channels"]
+        frames = after["frames_received"] - (before[name] or {}).get("frames_received", 0)
+        items = after["items_received"] - (before[name] or {}).get("items_received", 0)
+        assert frames > 0 and items >= frames, (name, before[name], after)
 
 
 # ---- errors -----------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""This process's ends of the stream channels (app/serving/stream_channels.py): one listener for the streams it
+calls (an Ingress's from the ChatProcessor, a ChatProcessor's from the models), one sender for the streams it
+serves. The listener binds the node's address as Ray knows it, so callers on other nodes can reach it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import ray
+
+from app.serving.stream_channels import ChannelReceiver, ChannelRoute, ChannelSender
+
+from .error_mapping import to_api_error
+
+_receiver: ChannelReceiver | None = None
+_sender: ChannelSender | None = None
+
+
+def receiver() -> ChannelReceiver:
+    global _receiver
+    if _receiver is None:
+        _receiver = ChannelReceiver(ray.util.get_node_ip_address())
+    return _receiver
+
+
+def sender() -> ChannelSender:
+    global _sender
+    if _sender is None:
+        _sender = ChannelSender()
+    return _sender
+
+
+def channel_stream(start: Callable[[ChannelRoute], Any]) -> AsyncIterator[list[Any]]:
+    """The caller's side of one stream: `start(route)` places the Serve streaming call (route: where its items
+    may come); failures become the protocol's errors, as relay() makes them."""
+    return receiver().stream(start, to_api_error)
+
+
+async def served(route: ChannelRoute | None, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The callee's side: what a streaming method yields, through its caller's channel when it has a route."""
+    if route is None:  # a caller without a channel (stream_channels: false): every item in the call
+        async for batch in source:
+            yield batch
+        return
+    async for item in sender().serve(route, source):
+        yield item
+
+
+def channel_info() -> dict[str, Any]:
+    """What this process's channel ends did so far (replica_info: tests and operators)."""
+    return {**(_receiver.info() if _receiver else {}), **(_sender.info() if _sender else {})}
