@@ -63,6 +63,14 @@ async def until(cond, timeout=5.0):
             await asyncio.sleep(0.01)
 
 
+async def connected() -> tuple[sc.ChannelReceiver, sc.ChannelSender]:
+    """A receiver and a sender whose connection is up (a first stream opened it)."""
+    receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
+    assert await collect(receiver, sender, source(2)) == ["t0", "t1"]
+    await until(lambda: any(link.ready for link in sender.links.values()))
+    return receiver, sender
+
+
 def test_many_streams_arrive_whole_and_in_order_in_fewer_frames_than_items():
     async def main():
         receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
@@ -96,9 +104,7 @@ def test_an_unreachable_caller_gets_every_item_in_the_calls():
 
 def test_a_failure_comes_after_the_items_before_it():
     async def main():
-        receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
-        await collect(receiver, sender, source(2))
-        await until(lambda: any(link.ready for link in sender.links.values()))
+        receiver, sender = await connected()
         got: list[str] = []
         with pytest.raises(APIError) as err:
             async for batch in receiver.stream(lambda r: Call(sender.serve(r, source(30, fail_after=25))), mapped):
@@ -110,9 +116,7 @@ def test_a_failure_comes_after_the_items_before_it():
 
 def test_a_consumer_that_stops_closes_the_source_and_the_others_go_on():
     async def main():
-        receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
-        await collect(receiver, sender, source(2))
-        await until(lambda: any(link.ready for link in sender.links.values()))
+        receiver, sender = await connected()
         tick, closed = asyncio.Event(), []
         tick.set()
         calls: list[Call] = []
@@ -134,9 +138,7 @@ def test_a_consumer_that_stops_closes_the_source_and_the_others_go_on():
 
 def test_a_connection_lost_mid_stream_fails_its_streams_instead_of_hanging():
     async def main():
-        receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
-        await collect(receiver, sender, source(2))
-        await until(lambda: any(link.ready for link in sender.links.values()))
+        receiver, sender = await connected()
         gate = asyncio.Event()
 
         async def slow():
