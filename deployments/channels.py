@@ -12,6 +12,7 @@ import ray
 from app.serving.stream_channels import ChannelReceiver, ChannelRoute, ChannelSender
 
 from .error_mapping import to_api_error
+from .relay import relay
 
 _receiver: ChannelReceiver | None = None
 _sender: ChannelSender | None = None
@@ -31,10 +32,14 @@ def sender() -> ChannelSender:
     return _sender
 
 
-def channel_stream(start: Callable[[ChannelRoute], Any]) -> AsyncIterator[list[Any]]:
-    """The caller's side of one stream: `start(route)` places the Serve streaming call (route: where its items
-    may come); failures become the protocol's errors, as relay() makes them."""
-    return receiver().stream(start, to_api_error)
+def stream_call(channels: bool, call: Callable[..., Any]) -> AsyncIterator[list[Any]]:
+    """One streaming hop, the caller's side: `call(*extra)` places the Serve streaming call with `extra` after its
+    own arguments. With `channels`, extra is the stream's route (where its items may come) and the items come
+    through this process's listener; without, nothing is added and every item comes in the call (relay()).
+    Failures become the protocol's errors either way."""
+    if channels:
+        return receiver().stream(call, to_api_error)
+    return relay(call)
 
 
 async def served(route: ChannelRoute | None, source: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -20,13 +20,12 @@ from app.serving.processing import Processor
 from app.serving.stream_channels import ChannelRoute
 from app.serving.traced_models import traced_models
 
-from .channels import channel_info, channel_stream, served
+from .channels import channel_info, served, stream_call
 from .error_mapping import call_mapped
 from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
 from .models import RemoteModels
 from .pool_status import running_replicas
-from .relay import relay
 from .replica import replica_info
 from .response_store import ActorResponseStore, store_enabled
 from .tenant_ledger import tenancy
@@ -83,9 +82,8 @@ class RemoteProcessing:
 
     def stream(self, request: Any, caller: Caller) -> AsyncIterator[list[dict[str, Any]]]:
         self._admit(request)
-        if self.channels:
-            return channel_stream(lambda route: self.streaming.to(request, caller).stream.remote(request, caller, route))
-        return relay(lambda: self.streaming.to(request, caller).stream.remote(request, caller))
+        return stream_call(self.channels,
+                           lambda *route: self.streaming.to(request, caller).stream.remote(request, caller, *route))
 
     def _admit(self, request: Any) -> None:
         model = getattr(request, "model", None)  # a stored response's request names none: the store answers it

@@ -13,10 +13,9 @@ from app.engine.events import Event
 from app.engine.params import GenerationRequest, Job
 from app.serving.models import R
 
-from .channels import channel_stream
+from .channels import stream_call
 from .error_mapping import call_mapped, to_api_error
 from .handles import StreamHop, unary
-from .relay import relay
 
 
 class LocalModels:
@@ -58,9 +57,8 @@ class RemoteModels:
         self.channels = channels  # the streamed items through stream channels (deployments/channels.py)
 
     def generate(self, model_id: str, request: GenerationRequest) -> AsyncIterator[list[Event]]:
-        if self.channels:
-            return channel_stream(lambda route: self.streams[model_id].to(request).generate.remote(request, route))
-        return relay(lambda: self.streams[model_id].to(request).generate.remote(request))
+        return stream_call(self.channels,
+                           lambda *route: self.streams[model_id].to(request).generate.remote(request, *route))
 
     async def run(self, model_id: str, job: Job[R]) -> R:
         return await call_mapped(lambda: self.handles[model_id].run.remote(job))

@@ -122,11 +122,10 @@ class _Link:
         return True
 
     async def _run(self) -> None:
-        writer = None
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(self.route.host, self.route.port),
-                                               CONNECT_TIMEOUT_S)
-            self.writer = writer
+            _, self.writer = await asyncio.wait_for(
+                asyncio.open_connection(self.route.host, self.route.port), CONNECT_TIMEOUT_S)
+            writer = self.writer
             writer.write(self.route.token)
             self.connected = self.ready = True
             while True:
@@ -160,8 +159,8 @@ class _Link:
                 self.failed = True
             self.written.set()
             self._forget(self)
-            if writer is not None:
-                writer.close()
+            if self.writer is not None:
+                self.writer.close()
 
 
 class ChannelSender:
@@ -196,7 +195,10 @@ class ChannelSender:
         if self.links.get(key) is link:
             del self.links[key]
         if not link.connected:
-            self.unreachable[key] = time.monotonic() + UNREACHABLE_RETRY_S
+            now = time.monotonic()
+            # Callers come and go (a replaced replica listens with a new token): expired entries are dropped.
+            self.unreachable = {k: t for k, t in self.unreachable.items() if t > now}
+            self.unreachable[key] = now + UNREACHABLE_RETRY_S
 
     async def serve(self, route: ChannelRoute, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
         link = self._link(route)

@@ -94,9 +94,10 @@ def test_an_unreachable_caller_gets_every_item_in_the_calls():
         with socket.socket() as s:  # a port nobody listens on
             s.bind(("127.0.0.1", 0))
             receiver.port = s.getsockname()[1]
+        sender.unreachable[("10.0.0.9", 1, b"gone")] = 0.0  # a caller that went away long ago
         assert await collect(receiver, sender, source(20)) == [f"t{i}" for i in range(20)]
         await until(lambda: not sender.links)
-        assert sender.unreachable  # not tried again for a while
+        assert list(sender.unreachable) == [("127.0.0.1", receiver.port, receiver.token)]  # expired entries go
         assert await collect(receiver, sender, source(5)) == [f"t{i}" for i in range(5)]
         assert receiver.frames == 0
     asyncio.run(main())
