@@ -38,7 +38,7 @@ config: $(STAMP)
 # runs the model too, serves HTTP on the config's port itself; a slower controller loop), measured in
 # docs/benchmarks.md.
 run: config
-	$(VENV)/bin/llamaray serve-local $(LOCAL_CONFIG)
+	$(VENV)/bin/llamaray serve-local $(RUN_ARGS) $(LOCAL_CONFIG)
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q

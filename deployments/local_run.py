@@ -6,10 +6,12 @@ local tool should be.
 - A deployment that cannot start (the port taken, keys required and missing, a config error) ends the
   run with the deployment's own message and exit status 1, instead of a driver that keeps running while
   nothing serves.
+- Ray's dashboard starts only with `--dashboard` (app/ops/ray_env.py says why); once every application runs,
+  Serve's status is read every few seconds instead of every second, for the same reason.
 - Ctrl-C (or SIGTERM) stops everything at once: the local Ray dies with this process, so there is
   nothing to drain, and no request survives a local server's exit anyway.
 
-    python -m deployments.local_run build/serve_local.run.yaml
+    python -m deployments.local_run [--dashboard] build/serve_local.run.yaml
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def failure_message(app_name: str, status: Any) -> str:
     return "\n".join(lines)
 
 
-def run(config: dict[str, Any], *, poll_s: float = 1.0) -> int:
+def run(config: dict[str, Any], *, poll_s: float = 1.0, running_poll_s: float = 5.0, dashboard: bool = False) -> int:
     import ray
     from ray import serve
     from ray.serve._private import api as serve_api
@@ -50,7 +52,7 @@ def run(config: dict[str, Any], *, poll_s: float = 1.0) -> int:
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.append(True))
-    ray.init(namespace="serve")
+    ray.init(namespace="serve", include_dashboard=dashboard)
     try:
         http = config.get("http_options") or {}
         client = serve_api.serve_start(http_options={"host": http.get("host", "127.0.0.1"), "port": http.get("port", 0)},
@@ -70,7 +72,7 @@ def run(config: dict[str, Any], *, poll_s: float = 1.0) -> int:
                 if state == "RUNNING" and name not in running:
                     running.add(name)
                     print(f"llamaray: application {name!r} is running", flush=True)
-            time.sleep(poll_s)
+            time.sleep(running_poll_s if running.issuperset(names) else poll_s)
         return 0
     finally:
         print("llamaray: stopping", flush=True)
@@ -78,11 +80,13 @@ def run(config: dict[str, Any], *, poll_s: float = 1.0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    dashboard = "--dashboard" in args
+    args = [a for a in args if a != "--dashboard"]
     if len(args) != 1:
-        print("usage: python -m deployments.local_run <serve config>", file=sys.stderr)
+        print("usage: python -m deployments.local_run [--dashboard] <serve config>", file=sys.stderr)
         return 2
-    return run(yaml.safe_load(Path(args[0]).read_text()) or {})
+    return run(yaml.safe_load(Path(args[0]).read_text()) or {}, dashboard=dashboard)
 
 
 if __name__ == "__main__":

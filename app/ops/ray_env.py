@@ -13,6 +13,13 @@ Ray's processes read when they start. Each was measured on 2 cores (docs/benchma
   taken from llama.cpp); autoscaling and health decisions react within a second instead of 0.1 s.
 - RAY_SERVE_LOG_TO_STDERR=1: keeps replica logs (llamaray's own lines: why a model cannot be placed or
   run) in `serve run`'s terminal, which the throughput preset would turn off.
+- QUIET_RAY_ENV: Ray's own periodic work slowed, or off where nothing local reads it. Each time one of Ray's
+  processes wakes it takes a core from one of llama.cpp's threads in the middle of a decode, and the other
+  thread spins at its next barrier until it comes back: stopping Ray's background processes during a
+  measured stream took `make run` from 45 to 58.6 tok/s on 2 cores (docs/benchmarks.md). Ray's dashboard is
+  off for the same reason (`serve-local --dashboard` starts it).
+
+The user's environment wins over each of these settings, except the port range, which is the config's.
 
 Clusters keep Ray's defaults: set these in the nodes' environment (`ray start`) if wanted there too.
 """
@@ -32,12 +39,23 @@ LOCAL_RAY_ENV = {
     # No load balancer to drain a local replica for: a replaced Ingress replica goes at once.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
 }
+# Ray's defaults in the comments (src/ray/common/ray_config_def.h).
+QUIET_RAY_ENV = {
+    "RAY_enable_task_events": "0",                              # on: the dashboard's task and actor views
+    "RAY_event_stats": "0",                                     # on: per-handler timings of Ray's event loops
+    "RAY_raylet_report_resources_period_milliseconds": "1000",  # 100: one node whose resources do not change
+    "RAY_raylet_check_gc_period_milliseconds": "1000",          # 100
+    "RAY_memory_monitor_refresh_ms": "1000",                    # 250: the OOM killer still looks every second
+    "RAY_kill_idle_workers_interval_ms": "1000",                # 200: a local server starts no task workers
+}
 DEFAULT_HTTP_PORT = 8000  # Ray Serve's, when a config names none
 
 
-def local_ray_env(port: int) -> dict[str, str]:
-    """LOCAL_RAY_ENV, with the Ingress replica serving HTTP on `port` itself."""
-    return {**LOCAL_RAY_ENV,
+def local_ray_env(port: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """LOCAL_RAY_ENV and QUIET_RAY_ENV where `environ` (the user's) does not set them, with the Ingress replica
+    serving HTTP on `port` itself."""
+    environ = {} if environ is None else environ
+    return {**{k: v for k, v in {**LOCAL_RAY_ENV, **QUIET_RAY_ENV}.items() if k not in environ},
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),  # exclusive: the range is `port` alone
             "RAY_SERVE_PORT_QUARANTINE_S": "0"}

