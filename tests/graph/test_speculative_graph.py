@@ -32,6 +32,11 @@ def ask(client, text: str, speculative: bool):
     return r.choices[0]
 
 
+def copies_from(reply: str, prompt: str, run: int = 24) -> bool:
+    """Whether `reply` repeats a run of `run` characters of `prompt`."""
+    return any(prompt[i:i + run] in reply for i in range(len(prompt) - run + 1))
+
+
 def same_up_to_a_tie(base, spec) -> bool:
     if same_up_to_a_tie_in(*([t.model_dump() for t in c.logprobs.content] for c in (base, spec))):
         assert (base.message.content, base.finish_reason) == (spec.message.content, spec.finish_reason)
@@ -44,7 +49,8 @@ def test_greedy_replies_equal_with_speculation_off(client, concurrency):
     with ThreadPoolExecutor(concurrency) as pool:
         base = list(pool.map(lambda t: ask(client, t, False), COPY))
         spec = list(pool.map(lambda t: ask(client, t, True), COPY))
-    assert "apples, bananas, cherries" in base[0].message.content  # the corpus is copied, so drafts are taken
-    assert "def mul(a, b):" in base[1].message.content
+    # Some replies copy their prompt, so prompt lookup has drafts to verify. Which ones is the model's greedy
+    # choice, and that differs between CPUs (one machine's reply to the code prompt explains it instead).
+    assert sum(copies_from(reply.message.content, text) for reply, text in zip(base, COPY)) >= 1
     for x, y in zip(base, spec):
         same_up_to_a_tie(x, y)
