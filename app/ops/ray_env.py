@@ -30,6 +30,7 @@ import copy
 import errno
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 LOCAL_RAY_ENV = {
@@ -51,7 +52,7 @@ QUIET_RAY_ENV = {
 DEFAULT_HTTP_PORT = 8000  # Ray Serve's, when a config names none
 
 
-def local_ray_env(port: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+def local_ray_env(port: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """LOCAL_RAY_ENV and QUIET_RAY_ENV where `environ` (the user's) does not set them, with the Ingress replica
     serving HTTP on `port` itself."""
     environ = {} if environ is None else environ

