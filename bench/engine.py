@@ -2,7 +2,7 @@
 llama.cpp's speed from the serving graph's overhead.
 
     .venv/bin/python -m bench.engine [--concurrency 1,16] [--max-tokens 128] [--cpu-extra-buffers on|off]
-        [--logprobs K] [--gpu-layers N] [--prompt-tokens N]
+        [--logprobs K] [--gpu-layers N] [--prompt-tokens N] [--closed-loop REQUESTS]
 
 --prompt-tokens N adds the prompt rate: one request with a prompt of about N tokens and one completion
 token, each time a new text so the prompt cache cannot serve it; prompt tokens per second.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import threading
 import time
 
@@ -48,6 +49,34 @@ def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int
     return sum(tokens) / (time.perf_counter() - t0)
 
 
+def closed_loop(engine: LlamaEngine, template: str, n: int, requests: int, max_tokens: int, first: int) -> float:
+    """`requests` requests, n at a time, the next submitted as one finishes (as `python -m bench` sends them to a
+    server, prompt after prompt); completion tokens per second from the first submit to the last finish.
+    Unlike `wave`, prefills of new requests run beside the others' decodes, as in a server."""
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+
+    def sink(ev) -> None:  # on the engine's thread: hand the end over, submit from this one
+        if isinstance(ev, (Finished, Failed)):
+            ended.put(ev.completion_tokens if isinstance(ev, Finished) else 0)
+
+    def submit(i: int) -> None:
+        prompt = render_prompt(template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
+        engine.submit(engine.prepare(GenerationRequest(request_id=f"l{i}", prompt=prompt, max_tokens=max_tokens,
+                                                       sampling=SamplingParams(temperature=0.7, seed=i)), sink))
+
+    t0 = time.perf_counter()
+    submitted = min(n, requests)
+    for i in range(submitted):
+        submit(first + i)
+    tokens = 0
+    for _ in range(requests):
+        tokens += ended.get()
+        if submitted < requests:
+            submit(first + submitted)
+            submitted += 1
+    return tokens / (time.perf_counter() - t0)
+
+
 def prefill(engine: LlamaEngine, template: str, n_tokens: int, salt: int) -> float:
     """Prompt tokens per second of one request of about n_tokens prompt tokens (first to last token)."""
     words = " ".join(f"{salt}-{i}" for i in range(n_tokens // 4))  # ~4 tokens a word; `salt` keeps it uncached
@@ -79,6 +108,9 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; tools/gpu_check.py)")
     ap.add_argument("--cpu-extra-buffers", default="auto", choices=["auto", "on", "off"],
                     help="llama.cpp's repacked/AMX weight buffers (the model config key of the same name)")
+    ap.add_argument("--closed-loop", type=int, default=0, metavar="REQUESTS",
+                    help="also run this many requests per level the way `python -m bench` sends them: a new one as "
+                         "one finishes (key closed_loop_tokens_per_s)")
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="also measure the prompt rate on a prompt of about this many tokens (best of 3)")
     ns = ap.parse_args()
@@ -94,6 +126,10 @@ def main() -> None:
             wave(engine, spec.chat_template, n, ns.max_tokens, 0, ns.logprobs)  # caches warm, as in a server
             out[f"c={n}"] = round(wave(engine, spec.chat_template, n, ns.max_tokens, 100, ns.logprobs), 1)
         extra = {}
+        if ns.closed_loop:
+            extra["closed_loop_tokens_per_s"] = {
+                f"c={n}": round(closed_loop(engine, spec.chat_template, n, ns.closed_loop, ns.max_tokens, 200), 1)
+                for n in levels}
         if ns.prompt_tokens:
             extra["prompt_tokens_per_s"] = round(max(prefill(engine, spec.chat_template, ns.prompt_tokens, salt)
                                                      for salt in range(3)), 1)

@@ -45,7 +45,7 @@ import yaml
 from app.config.settings import SYNTHETIC_PRESETS, deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
-from app.ops.ray_env import LOCAL_RAY_ENV
+from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 from . import graph_report as report
@@ -63,10 +63,12 @@ DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http 
 # Ray Serve's settings: `default` is what a cluster runs unless its nodes set others (serve_config.yaml);
 # `throughput` is app/ops/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
 # replica's main loop, GC frozen after start-up, the controller waking every second).
+# `quiet` adds QUIET_RAY_ENV, Ray's background turned down as `serve-local` does (a cluster's nodes may set it too).
 RAY_ENVS: dict[str, dict[str, str]] = {
     "default": {},
     "throughput": {k: v for k, v in LOCAL_RAY_ENV.items() if k != "RAY_SERVE_LOG_TO_STDERR"},
 }
+RAY_ENVS["quiet"] = {**RAY_ENVS["throughput"], **QUIET_RAY_ENV}
 
 
 def rates() -> SyntheticRates:

@@ -50,6 +50,21 @@ def test_no_ticks_between_fast_chunks():
     assert items == list(range(20))
 
 
+def test_pulls_at_most_one_item_ahead_of_the_reader():
+    """Back-pressure: a reader that stops taking (a slow client) stops the pulls from the generation."""
+    async def go():
+        log: list[str] = []
+        ticks = with_ticks(slow_source([(0, i) for i in range(10)], log), INTERVAL)
+        assert await anext(ticks) == 0
+        await asyncio.sleep(INTERVAL / 5)  # the relay runs meanwhile
+        pulled = [e for e in log if e.startswith("yield")]
+        await ticks.aclose()
+        return pulled, log
+    pulled, log = asyncio.run(go())
+    assert pulled == ["yield 0", "yield 1"]  # the one taken and the one held
+    assert log[-1] == "closed"
+
+
 def test_interval_zero_never_ticks():
     items, _ = run_ticks([(INTERVAL * 3, "a")], interval=0)
     assert items == ["a"]
