@@ -24,6 +24,14 @@ from app.prompt.chat_template import render_prompt
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 
+def bench_request(template: str, i: int, max_tokens: int, request_id: str,
+                  logprobs: int | None = None) -> GenerationRequest:
+    """Request i as `python -m bench` sends it: prompt i of the bench's list, temperature 0.7, seed i."""
+    prompt = render_prompt(template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
+    return GenerationRequest(request_id=request_id, prompt=prompt, max_tokens=max_tokens,
+                             sampling=SamplingParams(temperature=0.7, seed=i), logprobs=logprobs)
+
+
 def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int, logprobs: int | None = None) -> float:
     """n requests submitted together; completion tokens per second until the last finishes."""
     done, tokens = [], []
@@ -38,12 +46,9 @@ def wave(engine: LlamaEngine, template: str, n: int, max_tokens: int, first: int
 
     t0 = time.perf_counter()
     for i in range(first, first + n):
-        prompt = render_prompt(template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
         event = threading.Event()
         done.append(event)
-        engine.submit(engine.prepare(GenerationRequest(request_id=f"r{i}", prompt=prompt, max_tokens=max_tokens,
-                                                       sampling=SamplingParams(temperature=0.7, seed=i), logprobs=logprobs),
-                                      sink_for(event)))
+        engine.submit(engine.prepare(bench_request(template, i, max_tokens, f"r{i}", logprobs), sink_for(event)))
     for event in done:
         event.wait()
     return sum(tokens) / (time.perf_counter() - t0)
@@ -60,9 +65,7 @@ def closed_loop(engine: LlamaEngine, template: str, n: int, requests: int, max_t
             ended.put(ev.completion_tokens if isinstance(ev, Finished) else 0)
 
     def submit(i: int) -> None:
-        prompt = render_prompt(template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])
-        engine.submit(engine.prepare(GenerationRequest(request_id=f"l{i}", prompt=prompt, max_tokens=max_tokens,
-                                                       sampling=SamplingParams(temperature=0.7, seed=i)), sink))
+        engine.submit(engine.prepare(bench_request(template, i, max_tokens, f"l{i}"), sink))
 
     t0 = time.perf_counter()
     submitted = min(n, requests)

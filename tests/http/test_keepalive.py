@@ -56,7 +56,11 @@ def test_pulls_at_most_one_item_ahead_of_the_reader():
         log: list[str] = []
         ticks = with_ticks(slow_source([(0, i) for i in range(10)], log), INTERVAL)
         assert await anext(ticks) == 0
-        await asyncio.sleep(INTERVAL / 5)  # the relay runs meanwhile
+        deadline = time.monotonic() + 5
+        while "yield 1" not in log and time.monotonic() < deadline:  # the relay pulls the next one meanwhile
+            await asyncio.sleep(0.001)
+        for _ in range(50):  # every item of the source is ready: a relay without a bound would pull them all now
+            await asyncio.sleep(0)
         pulled = [e for e in log if e.startswith("yield")]
         await ticks.aclose()
         return pulled, log
