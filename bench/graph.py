@@ -49,6 +49,7 @@ from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 from . import graph_report as report
+from . import profile as profiler
 from .procs import TIERS, cpu_by_tier, listening_ports, machine_busy_s, sample
 from .servers import ROOT, VENV_BIN, ServeDriverServer, log, start_run, wait_until_quiet
 
@@ -242,6 +243,27 @@ def measure_idle(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], 
     return {t: round(v / (end.t - start.t), 3) for t, v in cpu_s.items() if t not in ("loadgen", "bench")}
 
 
+def profile_tiers(tiers: dict[int, str], ns: argparse.Namespace, name: str, streams: int) -> dict[Path, list]:
+    """py-spy on every replica over the measured window (`--profile RATE`): a flame graph and the raw stacks each.
+    The samplers take CPU from the tiers they watch, so a profiled level's CPU figures are not the sizing's."""
+    out = ns.out / "profiles"
+    out.mkdir(parents=True, exist_ok=True)
+    samplers = {}
+    for pid, tier in sorted(tiers.items()):
+        base = out / f"{name}-s{streams}-{tier}-{pid}"
+        samplers[base.with_suffix(".txt")] = profiler.record(pid, ns.measure, base, ns.profile)
+    return samplers
+
+
+def print_profiles(samplers: dict[Path, list]) -> None:
+    for raw, procs in samplers.items():
+        for proc in procs:
+            proc.wait(timeout=60)
+        if raw.exists():
+            lines = profiler.summarise(profiler.collapsed(raw))
+            print(f"\n== {raw.with_suffix('.svg')}\n" + "\n".join(lines), flush=True)
+
+
 def run_level(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], urls: list[str], streams: int,
               ns: argparse.Namespace) -> dict[str, Any]:
     r = rates()
@@ -261,9 +283,11 @@ def run_level(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], url
         own = {**tiers, gen.pid: "loadgen", os.getpid(): "bench", probe.proc.pid: "bench"}
         _expect(gen, "WINDOW START", ns.warmup + 120)
         start = Window(server, probe, list(own))
+        samplers = profile_tiers(tiers, ns, server.name, streams) if ns.profile else {}
         _expect(gen, "WINDOW END", ns.measure + 120)
         end = Window(server, probe, list(own))
         gen.wait(timeout=120)
+        print_profiles(samplers)
         load = json.loads(out.read_text())
     finally:
         if gen.poll() is None:
@@ -305,6 +329,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="an environment variable for the server's Ray processes (repeatable)")
     p.add_argument("--quiet-wait", type=float, default=60.0,
                    help="before each level, wait up to this long for other processes to use < 0.25 cores")
+    p.add_argument("--profile", type=int, default=0, metavar="RATE",
+                   help="py-spy at RATE samples a second on every replica over each measured window: flame graphs "
+                        "in <out>/profiles/ (0: none; the samplers' CPU counts in the tiers' figures)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     ns = p.parse_args(argv)
     ns.replicas = [int(x) for x in ns.replicas.split(",") if x.strip()]

@@ -6,7 +6,8 @@
 `generate_stream` prepares the request off the event loop, then yields lists of events (events.py). The first text piece goes out at once (time to
 first token); after that, pieces are held while the next engine step would still end within the
 coalescing window, then go together. Tokens arrive once per step, so a chunk leaves on a step's end,
-never between two: waiting past one would only add latency. The window grows with the number of
+never between two: waiting past one would only add latency. While a stream holds its chunk, its task
+sleeps (`StepEvents`): it is woken once per chunk, not by every step. The window grows with the number of
 sequences the engine is decoding (`PER_STREAM_S` each): every item costs CPU at each Ray hop, and on a
 small machine that CPU is taken from llama.cpp's threads, so the replica's total item rate stays
 roughly constant however many streams it serves, up to a window of MAX_WINDOW_S. A `Failed` event
@@ -33,12 +34,67 @@ PER_STREAM_S = 0.015
 MAX_WINDOW_S = 0.17
 
 
+class StepEvents:
+    """One generation's events as the engine's steps deliver them (on its event loop), and the single wake-up
+    its stream waits for.
+
+    A stream holding a chunk for its coalescing window is not woken by every step: only by the step after
+    which the next would end past the window, by an event that ends a choice, or by the window's end when a
+    step is late. At 64 streams of a fast engine that is one task wake-up per chunk instead of one per token
+    per stream (docs/benchmarks.md, the graph at GPU speed)."""
+
+    __slots__ = ("loop", "events", "_waiter", "_until", "_step_s")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.events: list[Event] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._until: float | None = None   # loop time the held events must leave by; None: at once
+        self._step_s = 0.0
+
+    def put_nowait(self, event: Event) -> None:
+        self.events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and (
+                self._until is None or isinstance(event, (Finished, Failed))
+                or self.loop.time() + self._step_s > self._until):
+            waiter.set_result(None)
+
+    def _window_over(self) -> None:
+        self._until = float("-inf")  # whatever is here goes now, and whatever comes next at once
+        if self.events and self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self, until: float | None = None, step_s: float = 0.0) -> list[Event]:
+        """The events delivered so far, once there are some. With `until` (loop time) they are held while
+        the next step of `step_s` should end before it, unless one of them ends a choice. A late step is
+        waited for until half a step past `until`, no longer: steps come a little later than `step_s` (the
+        loop is busy, the engine admits between steps), and a chunk that leaves on its step leaves with
+        the others that step completed, in one frame of the replica's stream channel."""
+        self._until, self._step_s = until, step_s
+        if self.events and (until is None or _ends_choice(self.events) or self.loop.time() + step_s > until):
+            return self._take()
+        timer = self.loop.call_at(until, self._window_over) if until is not None else None
+        self._waiter = self.loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return self._take()
+
+    def _take(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+
 class QueueSink:
-    """A generation's events into an asyncio queue on `loop`."""
+    """A generation's events into its `StepEvents` on `loop`."""
 
     __slots__ = ("loop", "queue")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: StepEvents) -> None:
         self.loop = loop
         self.queue = queue
 
@@ -46,14 +102,14 @@ class QueueSink:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
-def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+def _deliver(items: list[tuple[StepEvents, Event]]) -> None:
     for queue, event in items:
         queue.put_nowait(event)
 
 
 def publish_to_loops(items: list[tuple[Sink, Event]]) -> None:
     """The engine's publisher for asyncio consumers (called on the engine thread)."""
-    by_loop: dict[Any, list[tuple[asyncio.Queue, Event]]] = {}
+    by_loop: dict[Any, list[tuple[StepEvents, Event]]] = {}
     for sink, event in items:
         if isinstance(sink, QueueSink):
             by_loop.setdefault(sink.loop, []).append((sink.queue, event))
@@ -70,27 +126,8 @@ def coalescing_window(base_s: float, active: int) -> float:
     return min(MAX_WINDOW_S, max(base_s, active * PER_STREAM_S))
 
 
-def _drain(queue: asyncio.Queue[Event], events: list[Event]) -> None:
-    while not queue.empty():
-        events.append(queue.get_nowait())
-
-
 def _ends_choice(events: list[Event]) -> bool:
     return any(isinstance(ev, (Finished, Failed)) for ev in events)
-
-
-async def _hold_for_steps(queue: asyncio.Queue[Event], events: list[Event], deadline: float, step_s: float) -> None:
-    """Adds the events of further engine steps to `events` while the next step should end before
-    `deadline` (loop time); a slower step than `step_s` is not waited for past the deadline. A
-    finished or failed choice goes out at once."""
-    loop = asyncio.get_running_loop()
-    while not _ends_choice(events) and loop.time() + step_s <= deadline:
-        try:
-            async with asyncio.timeout_at(deadline):
-                events.append(await queue.get())
-        except TimeoutError:
-            return
-        _drain(queue, events)
 
 
 class _Handoff:
@@ -131,19 +168,18 @@ async def _prepare(engine: GenerationEngine, req: GenerationRequest, sink: Sink)
 
 async def generate_stream(engine: GenerationEngine, req: GenerationRequest, interval_s: float) -> AsyncIterator[list[Event]]:
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Event] = asyncio.Queue()
-    gen = await _prepare(engine, req, QueueSink(loop, queue))
+    inbox = StepEvents(loop)
+    gen = await _prepare(engine, req, QueueSink(loop, inbox))
     engine.submit(gen)
     finished = sent_text = False
     done = 0  # choices finished
     last_yield = 0.0
     try:
         while not finished:
-            events = [await queue.get()]
-            _drain(queue, events)  # a step's events arrive together
             if sent_text and interval_s > 0:
-                window = coalescing_window(interval_s, engine.active)
-                await _hold_for_steps(queue, events, last_yield + window, engine.step_s)
+                events = await inbox.take(last_yield + coalescing_window(interval_s, engine.active), engine.step_s)
+            else:
+                events = await inbox.take()  # a step's events arrive together
             failed = next((ev for ev in events if isinstance(ev, Failed)), None)
             if failed is not None:
                 finished = True

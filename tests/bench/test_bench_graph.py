@@ -203,3 +203,20 @@ def test_sizing_gives_cores_per_1000_tokens_per_s_and_at_the_h200_rate():
     chat = next(line for line in lines if "ChatProc" in line)
     assert "0.375 per 1,000 tok/s" in chat and f"{0.375 * 3.368:.2f} cores" in chat
     assert report.sizing([]) == []
+
+
+def test_profile_records_every_replica_over_the_window_named_by_level_tier_and_pid(tmp_path, monkeypatch):
+    from bench import graph
+
+    ns = graph.parse_args(["--profile", "50", "--measure", "20", "--out", str(tmp_path)])
+    assert graph.parse_args([]).profile == 0
+    calls = []
+    monkeypatch.setattr(graph.profiler, "record",
+                        lambda pid, s, base, rate: calls.append((pid, s, base.name, rate)) or [])
+    samplers = graph.profile_tiers({11: "ingress", 12: "chat_processor", 13: "model"}, ns, "graph-r1", 64)
+    assert sorted(calls) == [(11, 20.0, "graph-r1-s64-ingress-11", 50), (12, 20.0, "graph-r1-s64-chat_processor-12", 50),
+                             (13, 20.0, "graph-r1-s64-model-13", 50)]
+    assert sorted(p.name for p in samplers) == ["graph-r1-s64-chat_processor-12.txt", "graph-r1-s64-ingress-11.txt",
+                                                "graph-r1-s64-model-13.txt"]
+    assert (tmp_path / "profiles").is_dir()
+    graph.print_profiles(samplers)  # no sampler ran, no stacks written: nothing to print, no error

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.engine.events import Finished, Started, Text
-from app.engine.stream import MAX_WINDOW_S, coalescing_window, generate_stream
+from app.engine.stream import MAX_WINDOW_S, StepEvents, coalescing_window, generate_stream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,3 +105,68 @@ def test_a_finished_stream_is_not_held():
     # The last step (0.5 s) ends the stream: its chunk leaves on arrival, carrying Finished.
     assert chunks[-1][2]
     assert sum(t for _, t, _ in chunks) == 3
+
+
+async def _settled(task: asyncio.Task, turns: int = 5) -> bool:
+    """Whether `task` finished after the loop ran a few times (a wake-up it was given would have run)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    return task.done()
+
+
+def test_a_held_stream_is_not_woken_by_each_step():
+    # The stream holds its chunk for 10 s and a step takes 1 s: the steps' events gather without waking
+    # it (one task wake-up per chunk, not per token); an event that ends a choice wakes it at once.
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        inbox = StepEvents(loop)
+        task = asyncio.create_task(inbox.take(loop.time() + 10.0, step_s=1.0))
+        assert not await _settled(task)
+        for _ in range(3):
+            inbox.put_nowait(Text("x", 1))
+            assert not await _settled(task)
+        inbox.put_nowait(Finished("stop", 3, 3, 0))
+        assert await _settled(task)
+        return task.result()
+
+    events = asyncio.run(scenario())
+    assert [type(ev).__name__ for ev in events] == ["Text"] * 3 + ["Finished"]
+
+
+def test_the_step_after_which_the_next_would_end_late_wakes_the_stream():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        inbox = StepEvents(loop)
+        task = asyncio.create_task(inbox.take(loop.time() + 0.5, step_s=1.0))
+        assert not await _settled(task)
+        inbox.put_nowait(Text("x", 1))  # the next step would end past the window: this one goes
+        assert await _settled(task)
+        # Events already there when the stream asks again, the window not yet over but no room for a step.
+        inbox.put_nowait(Text("y", 1))
+        return task.result(), await inbox.take(loop.time() + 0.5, step_s=1.0)
+
+    first, second = asyncio.run(scenario())
+    assert [ev.text for ev in first] == ["x"] and [ev.text for ev in second] == ["y"]
+
+
+def test_a_late_step_is_not_waited_for_past_the_window_nor_an_empty_window_left_early():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        inbox = StepEvents(loop)
+        until = loop.time() + 0.1
+        task = asyncio.create_task(inbox.take(until, step_s=0.01))
+        inbox.put_nowait(Text("x", 1))  # steps of 10 ms would fit: held...
+        assert not await _settled(task)
+        events = await asyncio.wait_for(task, 5)  # ...until the window's end, the next step late
+        left = loop.time()
+        # A window that ends with nothing held: the stream waits for the next event, then goes at once.
+        task = asyncio.create_task(inbox.take(loop.time() + 0.05, step_s=0.01))
+        await asyncio.sleep(0.15)
+        assert not task.done()
+        inbox.put_nowait(Text("y", 1))
+        assert await _settled(task)
+        return events, left - until
+
+    events, late_by = asyncio.run(scenario())
+    assert [ev.text for ev in events] == ["x"]
+    assert 0 <= late_by < 1.0
