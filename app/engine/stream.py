@@ -52,27 +52,30 @@ class StepEvents:
         self._until: float | None = None   # loop time the held events must leave by; None: at once
         self._step_s = 0.0
 
+    def _due(self, ends_choice: bool) -> bool:
+        """Whether the events held now should go: no window, a choice ended, or no room for another step."""
+        return self._until is None or ends_choice or self.loop.time() + self._step_s > self._until
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     def put_nowait(self, event: Event) -> None:
         self.events.append(event)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done() and (
-                self._until is None or isinstance(event, (Finished, Failed))
-                or self.loop.time() + self._step_s > self._until):
-            waiter.set_result(None)
+        if self._waiter is not None and self._due(isinstance(event, (Finished, Failed))):
+            self._wake()
 
     def _window_over(self) -> None:
         self._until = float("-inf")  # whatever is here goes now, and whatever comes next at once
-        if self.events and self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self.events:
+            self._wake()
 
     async def take(self, until: float | None = None, step_s: float = 0.0) -> list[Event]:
         """The events delivered so far, once there are some. With `until` (loop time) they are held while
-        the next step of `step_s` should end before it, unless one of them ends a choice. A late step is
-        waited for until half a step past `until`, no longer: steps come a little later than `step_s` (the
-        loop is busy, the engine admits between steps), and a chunk that leaves on its step leaves with
-        the others that step completed, in one frame of the replica's stream channel."""
+        the next step of `step_s` should end before it, unless one of them ends a choice; a step later than
+        that is not waited for past `until`."""
         self._until, self._step_s = until, step_s
-        if self.events and (until is None or _ends_choice(self.events) or self.loop.time() + step_s > until):
+        if self.events and self._due(_ends_choice(self.events)):
             return self._take()
         timer = self.loop.call_at(until, self._window_over) if until is not None else None
         self._waiter = self.loop.create_future()
