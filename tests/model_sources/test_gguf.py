@@ -162,3 +162,16 @@ def test_truncated_inside_last_skipped_array(tmp_path):
     p.write_bytes(data)
     with pytest.raises(GGUFError):
         read_metadata(p)
+
+
+def test_a_rewritten_file_is_read_again_and_a_callers_changes_stay_its_own(tmp_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(gguf(s("general.architecture") + struct.pack("<I", 8) + s("llama"), 1))
+    first = read_metadata(p)
+    first["added.by.caller"] = 1
+    assert read_metadata(p) == {"gguf.version": 3, "general.architecture": "llama"}
+    p.write_bytes(gguf(s("general.architecture") + struct.pack("<I", 8) + s("qwen2"), 1))
+    assert read_metadata(p)["general.architecture"] == "qwen2"
+    p.unlink()
+    with pytest.raises(FileNotFoundError):
+        read_metadata(p)
