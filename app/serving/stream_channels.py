@@ -53,6 +53,9 @@ IDLE_CLOSE_S = 30.0
 UNREACHABLE_RETRY_S = 60.0
 # After a stream's Closing, how long its items still on the connection may take to arrive.
 MISSING_ITEMS_S = 30.0
+# After a stream's Closing, how long the end of its call (the sender's generator returning) may take to arrive
+# before the call is cancelled.
+CALL_END_S = 10.0
 _HEADER = 4
 
 
@@ -302,6 +305,7 @@ class ChannelReceiver:
         self._server: asyncio.Server | None = None
         self._starting: asyncio.Lock | None = None
         self._unauthenticated = 0
+        self._ending: set[asyncio.Task] = set()  # calls whose stream ended, waiting for their end
         self.frames = self.items = 0  # received (stats, tests)
 
     def info(self) -> dict[str, int]:
@@ -325,19 +329,27 @@ class ChannelReceiver:
         number = next(self._numbers)
         inbox = self.inboxes[number] = _Inbox()
         response = reader = None
+        ended = False
         try:
             response = start(ChannelRoute(self.host, self.port, self.token, number))
             reader = asyncio.get_running_loop().create_task(self._read_call(response, inbox))
             while (batch := await inbox.take()) is not None:
                 yield batch
+            ended = True
         except Exception as exc:  # noqa: BLE001 - every failure becomes the protocol's error
             raise map_error(exc) from None
         finally:
             self.inboxes.pop(number, None)
-            if reader is not None:
-                reader.cancel()
-            if response is not None:
-                response.cancel()
+            if not ended:  # failed, or its consumer left: the sender stops at the cancellation
+                if reader is not None:
+                    reader.cancel()
+                if response is not None:
+                    response.cancel()
+            elif reader is not None and not reader.done():
+                # The call's end is one message behind the Closing: it is read, not cancelled (a cancellation
+                # costs both replicas a request's worth of Serve's work).
+                self._ending.add(reader)
+                reader.add_done_callback(self._ending.discard)
 
     @staticmethod
     async def _read_call(response: Any, inbox: _Inbox) -> None:
@@ -345,6 +357,7 @@ class ChannelReceiver:
             async for item in response:
                 if isinstance(item, Closing):
                     inbox.close(item)
+                    await ChannelReceiver._read_end(response)
                     return
                 inbox.put(*item)
             inbox.fail(RuntimeError("a stream's call ended without its Closing item"))
@@ -352,6 +365,18 @@ class ChannelReceiver:
             raise
         except Exception as exc:  # noqa: BLE001 - the call's failure is the stream's
             inbox.fail(exc)
+
+    @staticmethod
+    async def _read_end(response: Any) -> None:
+        """The call's end after its Closing (the sender yields nothing more); cancelled if it does not come."""
+        try:
+            async with asyncio.timeout(CALL_END_S):
+                async for _ in response:
+                    pass
+        except TimeoutError:
+            response.cancel()
+        except Exception:  # noqa: BLE001 - the stream is complete; how its call ended changes nothing
+            pass
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = next(self._links)

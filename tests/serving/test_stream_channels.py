@@ -137,6 +137,51 @@ def test_a_consumer_that_stops_closes_the_source_and_the_others_go_on():
     asyncio.run(main())
 
 
+def test_a_stream_that_ends_reads_its_calls_end_instead_of_cancelling_it():
+    async def main():
+        receiver, sender = await connected()
+        calls: list[Call] = []
+        ended: list[bool] = []
+
+        async def sender_side(route):
+            async for item in sender.serve(route, source(30)):
+                yield item
+            ended.append(True)  # the generator returned after its Closing: the call ends on its own
+
+        def start(route):
+            calls.append(Call(sender_side(route)))
+            return calls[-1]
+
+        got = [t async for batch in receiver.stream(start, mapped) for t in batch]
+        assert got == [f"t{i}" for i in range(30)]
+        await until(lambda: ended == [True] and not receiver._ending)
+        assert not calls[0].cancelled
+    asyncio.run(main())
+
+
+def test_a_call_whose_end_does_not_come_after_its_closing_is_cancelled(monkeypatch):
+    monkeypatch.setattr(sc, "CALL_END_S", 0.2)
+
+    async def main():
+        receiver, sender = await connected()
+        calls: list[Call] = []
+        release = asyncio.Event()
+
+        async def stuck_after_closing(route):
+            async for item in sender.serve(route, source(3)):
+                yield item
+            await release.wait()  # a sender that neither yields nor returns
+
+        def start(route):
+            calls.append(Call(stuck_after_closing(route)))
+            return calls[-1]
+
+        got = [t async for batch in receiver.stream(start, mapped) for t in batch]
+        assert got == ["t0", "t1", "t2"] and not calls[0].cancelled
+        await until(lambda: calls[0].cancelled and not receiver._ending)
+    asyncio.run(main())
+
+
 def test_a_connection_lost_mid_stream_fails_its_streams_instead_of_hanging():
     async def main():
         receiver, sender = await connected()
