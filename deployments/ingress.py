@@ -36,6 +36,7 @@ from app.serving.traced_models import traced_models
 
 from .channels import channel_info
 from .chat_processor import RemoteProcessing
+from .direct_ingress import bind_with_reuse_address
 from .engine_host import EngineHost
 from .metrics import RayRequestObserver
 from .models import LocalModels
@@ -57,6 +58,7 @@ class _Front:
 
     def _serve(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig, processing: Processing,
                refresh: Refresh) -> None:
+        bind_with_reuse_address()  # before Serve binds this replica's port, once the constructor returns
         keys = load_key_registry(auth.api_keys_env, auth.api_keys_file)
         require_keys(keys, auth.required, auth.api_keys_env, auth.api_keys_file)
         if not keys.enabled:

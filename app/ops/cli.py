@@ -14,7 +14,7 @@ import yaml
 from .capacity import Capacity, cluster_capacity, local_node
 from .config_check import LOOPBACK, check_config
 from .config_overlay import merge, without_unused_deployments
-from .ray_env import http_endpoint, local_ray_env, proxy_aside, wait_for_port
+from .ray_env import http_endpoint, local_ray_env, port_state, proxy_aside
 from .kuberay import DEFAULT_IMAGE, dump_manifest, rayservice_manifest
 
 
@@ -112,10 +112,9 @@ def serve_local(config_path: Path, *, dry_run: bool = False, dashboard: bool = F
     if dry_run:
         print("\n".join([*(f"{k}={v}" for k, v in env.items()), " ".join(cmd)]))
         return 0
-    state = wait_for_port(host, port, say=lambda msg: print(f"llamaray: {msg}", flush=True))
+    state = port_state(host, port)
     if state != "free":
-        why = "still closing after a minute" if state == "closing" else state
-        print(f"llamaray: cannot serve on {host}:{port} ({config_path} http_options): {why}", file=sys.stderr)
+        print(f"llamaray: cannot serve on {host}:{port} ({config_path} http_options): {state}", file=sys.stderr)
         return 2
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"llamaray: serving on http://{shown}:{port} once the model is loaded (GET /health)", flush=True)

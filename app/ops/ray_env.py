@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import errno
 import socket
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,38 +79,14 @@ def proxy_aside(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _bindable(host: str, port: int, reuse: bool) -> OSError | None:
+def port_state(host: str, port: int) -> str:
+    """`free`: the Ingress replica can bind it, as it binds (SO_REUSEADDR, deployments/direct_ingress.py: the
+    closing connections an earlier server left, TCP TIME_WAIT, do not stand in the way); else why not (`in
+    use`: another socket listens there)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        if reuse:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
-            return exc
-    return None
-
-
-def port_state(host: str, port: int) -> str:
-    """`free`: the Ingress replica can bind it (Ray Serve binds without SO_REUSEADDR); `closing`: only
-    connections of an earlier server, closing (TIME_WAIT, up to a minute on Linux), stand in the way;
-    else why not (`in use`: another process listens there)."""
-    err = _bindable(host, port, reuse=False)
-    if err is None:
-        return "free"
-    if err.errno == errno.EADDRINUSE and _bindable(host, port, reuse=True) is None:
-        return "closing"
-    return "in use" if err.errno == errno.EADDRINUSE else str(err)
-
-
-def wait_for_port(host: str, port: int, timeout_s: float = 75.0, poll_s: float = 1.0,
-                  say=lambda msg: None) -> str:
-    """The port's state once it is free, or no longer only `closing`, or `timeout_s` passed."""
-    deadline = time.monotonic() + timeout_s
-    state = port_state(host, port)
-    if state == "closing":
-        say(f"port {port} still holds closing connections of an earlier server (TCP TIME_WAIT, up to 60 s); "
-            f"waiting for it")
-    while state == "closing" and time.monotonic() < deadline:
-        time.sleep(poll_s)
-        state = port_state(host, port)
-    return state
+            return "in use" if exc.errno == errno.EADDRINUSE else str(exc)
+    return "free"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -123,18 +124,30 @@ def test_overload_is_an_openai_503_and_accepted_requests_complete(cluster):
     wait_idle(cluster)
 
 
+def _close_from_the_server_side(port: int) -> None:
+    """A request the server answers and then closes (`Connection: close`): the replica's end of it stays in
+    TIME_WAIT for a minute, as idle keep-alive connections the server times out leave it."""
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        while conn.recv(65536):  # until the server's FIN: it closed first
+            pass
+
+
 def test_a_killed_replica_comes_back_on_the_same_port(cluster):
-    """Serve replaces the dead Ingress replica (and with it the engine); the new one binds the same port,
-    which nothing holds back (RAY_SERVE_PORT_QUARANTINE_S=0)."""
+    """Serve replaces the dead Ingress replica (and with it the engine); the new one binds the same port at once,
+    though the dead one's closed connections still hold it in TIME_WAIT (deployments/direct_ingress.py)
+    and nothing holds it back (RAY_SERVE_PORT_QUARANTINE_S=0)."""
+    _close_from_the_server_side(cluster.port)
     old = cluster.handle("Ingress").replica_info.remote().result()["pid"]
     os.kill(old, signal.SIGKILL)
-    deadline = time.monotonic() + 180
+    # A replacement takes 5-15 s here; one that could not bind would wait out the TIME_WAIT (60 s on Linux).
+    deadline = time.monotonic() + 45
     pid = None
     while time.monotonic() < deadline:
         pid = listening_pid(cluster.port)
         if pid not in (None, old) and cluster.healthy():
             break
-        time.sleep(1)
+        time.sleep(0.5)
     assert pid not in (None, old), "no new replica listens on the port"
     assert cluster.handle("Ingress").replica_info.remote().result()["pid"] == pid
     r = httpx.post(f"{cluster.url}/v1/chat/completions", timeout=60, headers=cluster.headers, json={
