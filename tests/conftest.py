@@ -63,6 +63,17 @@ def engine(bundled_spec):
     eng.close()
 
 
+@pytest.fixture(autouse=True)
+def _shared_engine_forgets_keys(request):
+    """The session's engine forgets, after each test, the keys that used it: a key of one test would otherwise
+    keep a slot held back from the next test's requests for a minute (app/engine/admission.py, held_back)."""
+    yield
+    if "engine" in request.fixturenames:
+        from app.engine.admission import RecentTenants
+
+        request.getfixturevalue("engine")._recent = RecentTenants()
+
+
 @pytest.fixture(scope="session")
 def vision_spec(bundled_spec, tmp_path_factory):
     """The bundled model with a tiny random projector (tests/support/tiny_mmproj.py): images in, plumbing tested."""

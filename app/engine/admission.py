@@ -13,13 +13,13 @@ come first served within a key. Admission then runs over that order as above, ba
 key waiting (a server without keys: every request's tenant is "") the order is the queue's own. And while a
 key that used the model in the last minute has nothing running or waiting, one slot is held back from keys
 that already hold one (`held_back`), so its next request starts at once instead of after another key's
-whole generation.
+whole generation; a key holding none may still take it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from ..tenants.fair_share import fair_order
@@ -42,6 +42,9 @@ class Waiting(Protocol):
 
     @property
     def slots_needed(self) -> int: ...
+
+
+W = TypeVar("W", bound=Waiting)
 
 
 class Queued(Protocol):
@@ -90,22 +93,35 @@ def held_back(recent: set[str], held: Counter, waiting: Iterable[Queued], slots:
     """Slots kept idle for a key that used the model lately and has nothing running or waiting now: 1, while
     the model has more than one slot; else 0. A queue order alone makes such a key's next request wait for a
     whole generation of another key's to end; one slot held back lets it start at the next step. A key alone
-    (or a server without keys) has every slot."""
+    (or a server without keys) has every slot. Only keys that already hold a slot are kept from it
+    (`admissible`'s `reserve`): a key holding none takes it, or a request for every slot would wait out the
+    other key's whole minute on an idle model."""
     if slots < 2 or len(recent) < 2:
         return 0
     busy = {t for t, n in held.items() if n} | {g.req.tenant for g in waiting}
     return 1 if recent - busy else 0
 
 
-def admissible(waiting: Iterable[Waiting], idle: int, now: float, backfill_s: float = BACKFILL_S) -> list[Waiting]:
-    """The requests of `waiting` (oldest first) to admit into `idle` slots at monotonic time `now`."""
-    taken = []
+def admissible(waiting: Iterable[W], idle: int, now: float, backfill_s: float = BACKFILL_S, *, reserve: int = 0,
+               tenant_of: Callable[[W], str] | None = None, holding: Iterable[str] = ()) -> list[W]:
+    """The requests of `waiting` (in the order slots go to them) to admit into `idle` slots at monotonic time
+    `now`. The last `reserve` idle slots go only to keys that hold no slot (`holding`, and the ones admitted
+    here): a request kept from them alone does not stop the backfill behind it."""
+    taken: list[W] = []
+    holders = set(holding)
     for req in waiting:
         if idle <= 0:
             break
-        if req.slots_needed <= idle:
+        key = tenant_of(req) if tenant_of is not None else None
+        usable = idle - reserve if key in holders else idle
+        if req.slots_needed <= usable:
             taken.append(req)
             idle -= req.slots_needed
+            reserve = min(reserve, idle)
+            if key is not None:
+                holders.add(key)
+        elif req.slots_needed <= idle:
+            continue  # kept from the reserved slot only: the key already runs something
         elif now - req.queued_at >= backfill_s:
             break  # it waited long enough: the slots that free up from now on are its
     return taken

@@ -68,6 +68,10 @@ ADAPTER_TURN_STEPS = 4
 Publish = Callable[[list[tuple[Sink, Event]]], None]
 
 
+def _tenant(gen: Generation) -> str:
+    return gen.req.tenant
+
+
 def call_each(items: list[tuple[Sink, Event]]) -> None:
     """The plain publisher: each sink called in turn (on the engine thread)."""
     for sink, event in items:
@@ -521,11 +525,13 @@ class LlamaEngine(DecodeThread):
         if self.fair_share:
             held = Counter(s.gen.req.tenant for s in self._slots if s.gen is not None)
             waiting = in_share_order(self._waiting, held)
-            # A slot kept for a key that used the model lately and is not in line now (it may be back any moment).
-            idle -= held_back(self._recent.recent(now), held, waiting, len(self._slots))
-            if idle <= 0:
-                return []
-        taken = admissible(waiting, idle, now, self.backfill_s)
+            # A slot kept from keys already running something, for a key that used the model lately and is not in
+            # line now (it may be back any moment).
+            reserve = held_back(self._recent.recent(now), held, waiting, len(self._slots))
+            taken = admissible(waiting, idle, now, self.backfill_s, reserve=reserve, tenant_of=_tenant,
+                               holding=[t for t, n in held.items() if n])
+        else:
+            taken = admissible(waiting, idle, now, self.backfill_s)
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)

@@ -25,6 +25,7 @@ class Req:
     name: str
     slots_needed: int
     queued_at: float
+    tenant: str = ""
 
 
 def names(taken) -> list[str]:
@@ -55,6 +56,26 @@ def test_no_backfill_once_the_blocked_one_waited_its_bound():
 def test_a_second_blocked_request_does_not_stop_backfill_before_the_first_waited_its_bound():
     waiting = [Req("big", 4, 0.0), Req("mid", 3, 0.1), Req("s1", 1, 0.2)]
     assert names(admissible(waiting, idle=2, now=0.5, backfill_s=1.0)) == ["s1"]
+
+
+def reserved(waiting, idle, holding=(), now=0.5):
+    return names(admissible(waiting, idle=idle, now=now, backfill_s=1.0, reserve=1, tenant_of=lambda r: r.tenant,
+                            holding=holding))
+
+
+def test_the_reserved_slot_is_kept_from_keys_that_hold_one_only():
+    # A key already running something gets every idle slot but the reserved one, its second request too.
+    assert reserved([Req("g1", 1, 0.0, "greedy"), Req("g2", 1, 0.1, "greedy")], idle=2, holding=["greedy"]) == ["g1"]
+    assert reserved([Req("g1", 1, 0.0, "greedy"), Req("g2", 1, 0.1, "greedy")], idle=2) == ["g1"]
+    # A key holding none takes it, for a request needing every slot too: nothing else would ever free it.
+    assert reserved([Req("big", 4, 0.0, "a")], idle=4) == ["big"]
+    assert reserved([Req("big", 4, 0.0, "a")], idle=4, holding=["a"]) == []
+    # Kept from it alone, a request does not stop the backfill behind it, even past its bound.
+    waiting = [Req("g2", 1, 0.0, "greedy"), Req("p1", 1, 0.1, "polite")]
+    assert reserved(waiting, idle=1, holding=["greedy"], now=5.0) == ["p1"]
+    # Taken by a key holding none, the reserve is gone: nobody else is kept from more.
+    waiting = [Req("p1", 1, 0.0, "polite"), Req("g2", 1, 0.1, "greedy")]
+    assert reserved(waiting, idle=1, holding=["greedy"]) == ["p1"]
 
 
 # -- the real engine (4 slots) ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
+from app.engine.admission import RecentTenants
 from app.engine.events import Event, Failed, Finished, Started
 from app.prompt.chat_template import render_prompt
 
@@ -158,5 +159,23 @@ def test_a_slot_is_held_back_for_a_key_that_used_the_model_lately(bundled_spec, 
         log.wait(lambda: "p1" in log.finished, "polite's second request")
         assert log.started[:3] == ["p0", "g0", "p1"] and "g0" not in log.finished  # at once, beside g0
         log.wait(lambda: len(log.finished) == 5, "all finished")
+    finally:
+        engine.close()
+
+
+def test_a_request_for_every_slot_is_not_kept_waiting_for_an_idle_key(bundled_spec, story):
+    # `polite` used the model a moment ago and the held-back slot would stay its for the whole window (an hour
+    # here): a request for both slots from a key running nothing still starts, on a model otherwise idle.
+    engine = LlamaEngine(one_thread(bundled_spec, n_seq_max=2))
+    engine._recent = RecentTenants(window_s=3600.0)
+    try:
+        log = Admissions()
+        engine.start()
+        submit(engine, log, "p0", "polite", 2.0, story, 1)
+        log.wait(lambda: "p0" in log.finished, "polite's request")
+        both = replace(request("g", "greedy", 2.0, story, 2), n=2)
+        engine.submit(engine.prepare(both, log.sink("g")))
+        log.wait(lambda: "g" in log.finished, "the request for both slots", timeout=60.0)
+        assert log.started == ["p0", "g", "g"]
     finally:
         engine.close()
