@@ -68,10 +68,11 @@ def _shared_engine_forgets_keys(request):
     """The session's engine forgets, after each test, the keys that used it: a key of one test would otherwise
     keep a slot held back from the next test's requests for a minute (app/engine/admission.py, held_back)."""
     yield
-    if "engine" in request.fixturenames:
+    engine = request.node.funcargs.get("engine")  # this test's, if it used one (a file may have its own)
+    if hasattr(engine, "_recent"):
         from app.engine.admission import RecentTenants
 
-        request.getfixturevalue("engine")._recent = RecentTenants()
+        engine._recent = RecentTenants()
 
 
 @pytest.fixture(scope="session")
