@@ -38,6 +38,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from ..config.settings import ModelSpec, place
@@ -68,8 +69,7 @@ ADAPTER_TURN_STEPS = 4
 Publish = Callable[[list[tuple[Sink, Event]]], None]
 
 
-def _tenant(gen: Generation) -> str:
-    return gen.req.tenant
+_TENANT = attrgetter("req.tenant")
 
 
 def call_each(items: list[tuple[Sink, Event]]) -> None:
@@ -522,16 +522,14 @@ class LlamaEngine(DecodeThread):
         if not idle:
             return []
         now, waiting = time.monotonic(), self._waiting
+        held, reserve = Counter(), 0
         if self.fair_share:
             held = Counter(s.gen.req.tenant for s in self._slots if s.gen is not None)
             waiting = in_share_order(self._waiting, held)
             # A slot kept from keys already running something, for a key that used the model lately and is not in
             # line now (it may be back any moment).
             reserve = held_back(self._recent.recent(now), held, waiting, len(self._slots))
-            taken = admissible(waiting, idle, now, self.backfill_s, reserve=reserve, tenant_of=_tenant,
-                               holding=[t for t, n in held.items() if n])
-        else:
-            taken = admissible(waiting, idle, now, self.backfill_s)
+        taken = admissible(waiting, idle, now, self.backfill_s, reserve=reserve, tenant_of=_TENANT, holding=held)
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)
