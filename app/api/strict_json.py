@@ -46,14 +46,22 @@ def loads(text: str | bytes | bytearray) -> Any:
     return json.loads(text, parse_float=_finite, parse_constant=_constant)
 
 
+# The wire's encoder, made once: json.dumps with options builds a new encoder at each call, a third of the
+# cost of a streamed chunk's encoding. No circular check: the server's own dicts and lists never hold themselves
+# (one that did would fail as a RecursionError instead of a ValueError, never as bad JSON).
+_WIRE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=COMPACT, check_circular=False)
+
+
 def dumps(value: Any, *, compact: bool = True, ensure_ascii: bool = False, indent: int | None = None,
           sort_keys: bool = False) -> str:
     """`value` as strict JSON text (a ValueError for a non-finite float). `compact`: no spaces after `,` and
     `:` (bodies, events, the store); False keeps json.dumps' own spacing (text shown to a model)."""
+    if compact and not ensure_ascii and indent is None and not sort_keys:
+        return _WIRE.encode(value)
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys, allow_nan=False,
                       separators=COMPACT if compact else None)
 
 
 def dumps_bytes(value: Any) -> bytes:
     """`value` as compact strict JSON, UTF-8: what goes on the wire and into the store."""
-    return dumps(value).encode("utf-8")
+    return _WIRE.encode(value).encode("utf-8")

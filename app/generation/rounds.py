@@ -94,17 +94,21 @@ def continuation_room(plan: GenerationPlan, tally: ReplyTally) -> int:
 
 async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: float) -> AsyncIterator[Any]:
     """Iterate `events` until `deadline` (monotonic); then stop it and raise a 504 APIError.
-    Closing the source cancels the generation, so a stuck request frees its slot."""
+    Closing the source cancels the generation, so a stuck request frees its slot.
+
+    Each item is awaited in this task under `asyncio.timeout`: `wait_for` ran every item in a task of its own,
+    the largest of the ChatProcessor's own per-chunk costs (docs/benchmarks.md)."""
     try:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_error(timeout_s)
             try:
-                item = await asyncio.wait_for(anext(events), remaining)
+                async with asyncio.timeout(remaining):
+                    item = await anext(events)
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise timeout_error(timeout_s) from None
             yield item
     finally:

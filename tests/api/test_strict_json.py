@@ -58,3 +58,13 @@ def test_loads_reads_finite_numbers_as_json_does():
 def test_the_error_survives_pickling():
     err = pickle.loads(pickle.dumps(NonFiniteNumber("1e999")))
     assert isinstance(err, NonFiniteNumber) and "1e999" in str(err)
+
+
+def test_the_shared_wire_encoder_refuses_what_json_refuses_on_every_call():
+    # The compact writer keeps one encoder for all calls: a refused value leaves it as it was.
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            strict_json.dumps_bytes({"a": [{"b": float("nan")}]})
+        with pytest.raises(TypeError):
+            strict_json.dumps({"a": object()})
+        assert strict_json.dumps_bytes({"a": [1, None, True]}) == b'{"a":[1,null,true]}'
