@@ -14,12 +14,13 @@ from app.generation.rounds import with_deadline
 
 
 class Source:
-    """An event stream that yields `items`, then waits `stall_s`; records whether it was closed."""
+    """An event stream that yields `items`, then waits `stall_s`; records whether it was started and closed."""
 
     def __init__(self, items: list[int], stall_s: float = 0.0) -> None:
-        self.items, self.stall_s, self.closed = items, stall_s, False
+        self.items, self.stall_s, self.started, self.closed = items, stall_s, False, False
 
     async def events(self):
+        self.started = True
         try:
             for item in self.items:
                 yield item
@@ -59,7 +60,8 @@ def test_a_deadline_already_past_reads_nothing():
     source = Source([1, 2])
     with pytest.raises(APIError) as info:
         asyncio.run(read(source, -1.0))
-    assert info.value.status == 504  # the source was not even started: no generation to cancel
+    assert info.value.status == 504
+    assert not source.started  # not one item was asked of it: no generation to cancel
 
 
 def test_a_cancelled_reader_is_cancelled_not_timed_out():
@@ -67,7 +69,10 @@ def test_a_cancelled_reader_is_cancelled_not_timed_out():
 
     async def main():
         task = asyncio.create_task(read(source, 60.0))
-        await asyncio.sleep(0.1)
+        until = time.monotonic() + 5.0
+        while not source.started and time.monotonic() < until:  # the reader is waiting on the source
+            await asyncio.sleep(0)
+        assert source.started
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -81,7 +86,6 @@ def test_a_long_stream_runs_no_task_per_item():
     made = 0
 
     async def main():
-        nonlocal made
         loop = asyncio.get_running_loop()
         factory = loop.get_task_factory()
 
