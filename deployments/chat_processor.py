@@ -12,7 +12,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig, deployment_name
-from app.observe import tracing
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
@@ -26,7 +25,7 @@ from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
 from .models import RemoteModels
 from .pool_status import running_replicas
-from .replica import replica_info
+from .replica import replica_info, start_replica
 from .response_store import ActorResponseStore, store_enabled
 from .tenant_ledger import tenancy
 
@@ -36,7 +35,7 @@ class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
                  auth: AuthConfig, tracing_config: TracingConfig | None = None, *,
                  pools: dict[str, DeploymentHandle] | None = None, channels: bool = True) -> None:
-        tracing.configure(tracing_config)
+        start_replica(tracing_config)
         handles, names = dict(models), {mid: deployment_name(mid) for mid in models}
         for spec in specs:
             if spec.pool:  # Serve routes it to a pool replica that holds the model (model multiplexing)

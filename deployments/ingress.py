@@ -24,7 +24,6 @@ from app.http.auth import KeyChecker, load_key_registry, require_keys
 from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
 from app.http.routes import TABLE
 from app.http.server import ServerSettings, build_http_app, model_cards
-from app.observe import tracing
 from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
 from app.ops.pools import pool_deployment_name
@@ -43,7 +42,7 @@ from .models import LocalModels
 from .placement_watch import PlacementWatch, cluster_model_states
 from .pool import LocalPool
 from .pool_status import cluster_pool_states
-from .replica import replica_info
+from .replica import replica_info, start_replica
 from .response_store import ActorResponseStore, store_enabled
 from .tenant_ledger import tenancy
 
@@ -89,7 +88,7 @@ class _Front:
 class GraphIngress(_Front):
     def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
                  tracing_config: TracingConfig | None = None, *, channels: bool = True) -> None:
-        tracing.configure(tracing_config)
+        start_replica(tracing_config)
         self.app_name = serve.get_replica_context().app_name
         self.own = [s for s in specs if not s.pool]  # models with a deployment of their own
         self.pools: dict[str, list[str]] = {}
@@ -117,7 +116,7 @@ class GraphIngress(_Front):
 class SingleIngress(_Front):
     def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
                  tracing_config: TracingConfig | None = None, pools: list[PoolPlan] = ()) -> None:
-        tracing.configure(tracing_config)
+        start_replica(tracing_config)
         # Each pool's models are served by a PoolManager here (no multiplexing: one replica holds them all).
         self.pools = [LocalPool(plan, [s for s in specs if s.pool == plan.name]) for plan in pools]
         hosts: dict[str, Any] = {spec.id: EngineHost(spec) for spec in specs if not spec.pool}

@@ -11,7 +11,6 @@ from ray import serve
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.engine.params import Job
-from app.observe import tracing
 from app.serving.models import ModelState
 
 from app.serving.stream_channels import ChannelRoute
@@ -19,13 +18,13 @@ from app.serving.stream_channels import ChannelRoute
 from . import model_status
 from .channels import channel_info, served
 from .engine_host import EngineHost
-from .replica import replica_info
+from .replica import replica_info, start_replica
 
 
 @serve.deployment(name="LlamaModel", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaModel:
     def __init__(self, spec: ModelSpec, tracing_config: TracingConfig | None = None) -> None:
-        tracing.configure(tracing_config)
+        start_replica(tracing_config)
         self._health_checks = 0  # Serve's checks so far (fault tests wait on them)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)

@@ -22,7 +22,6 @@ from app.api.errors import APIError, model_not_found, service_unavailable
 from app.config.settings import ModelSpec, TracingConfig
 from app.engine import GenerationRequest
 from app.engine.params import Job
-from app.observe import tracing
 from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
@@ -33,7 +32,7 @@ from . import pool_status
 from .channels import served
 from .engine_host import EngineHost
 from .metrics import PoolMetrics
-from .replica import replica_info
+from .replica import replica_info, start_replica
 
 logger = logging.getLogger("ray.serve")
 # Serve's attribute for a replica's multiplexing state (ray/serve/api.py, `multiplexed`).
@@ -95,7 +94,7 @@ def _ready_host(spec: ModelSpec) -> EngineHost:
 @serve.deployment(name="LlamaPool", ray_actor_options={"num_cpus": 1}, health_check_period_s=10)
 class LlamaPool:
     def __init__(self, plan: PoolPlan, specs: list[ModelSpec], tracing_config: TracingConfig | None = None) -> None:
-        tracing.configure(tracing_config)
+        start_replica(tracing_config)
         context = serve.get_replica_context()
         self._where = (context.app_name, context.deployment, context.replica_id.unique_id)
         self._publish_lock = threading.Lock()

@@ -13,6 +13,7 @@ import openai
 import pytest
 from llama_cpp import Llama
 
+from app.ops.gc_tuning import YOUNG_THRESHOLD
 from app.prompt.chat_template import render_prompt
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import ADAPTERS, EMBED_MODEL, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL, sse_json
@@ -185,6 +186,18 @@ def test_streams_items_cross_the_graph_over_stream_channels(cluster, http):
         frames = after["frames_received"] - (before[name] or {}).get("frames_received", 0)
         items = after["items_received"] - (before[name] or {}).get("items_received", 0)
         assert frames > 0 and items >= frames, (name, before[name], after)
+
+
+def test_every_replica_streams_with_the_serving_collector_pace(cluster, http):
+    """Each replica of the app (the Ingress alone in topology single) keeps the young-generation threshold its
+    constructor set (app/ops/gc_tuning.py) after Serve froze its start-up objects and streams went through it."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(lambda i: http.post("/v1/chat/completions", json=chat(
+            stream=True, max_tokens=8, seed=i)).status_code, range(4)))
+    assert statuses == [200] * 4
+    for name in cluster.deployments():
+        gc_state = cluster.handle(name).replica_info.remote().result()["gc"]
+        assert gc_state["threshold"][0] == YOUNG_THRESHOLD, (name, gc_state)
 
 
 # ---- errors -----------------------------------------------------------------------------------
