@@ -45,6 +45,7 @@ import yaml
 from app.config.settings import SYNTHETIC_PRESETS, deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
+from app.ops.gc_tuning import PROXY_ENV
 from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV
 from loadtools.loadgen import DEFAULT_PROMPTS
 
@@ -61,12 +62,13 @@ STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/settin
 CHATML_OVERHEAD = 40         # bytes the synthetic model's chat template adds around a prompt (byte tokens)
 DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http direct: [min, max)
 
-# Ray Serve's settings: `default` is what a cluster runs unless its nodes set others (serve_config.yaml);
+# Ray Serve's settings: `default` is what a cluster runs (Ray's defaults but the proxy's GC threshold, which
+# cluster.yaml and the KubeRay manifest set: app/ops/gc_tuning.py);
 # `throughput` is app/ops/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
 # replica's main loop, GC frozen after start-up, the controller waking every second).
 # `quiet` adds QUIET_RAY_ENV, Ray's background turned down as `serve-local` does (a cluster's nodes may set it too).
 RAY_ENVS: dict[str, dict[str, str]] = {
-    "default": {},
+    "default": dict(PROXY_ENV),
     "throughput": {k: v for k, v in LOCAL_RAY_ENV.items() if k != "RAY_SERVE_LOG_TO_STDERR"},
 }
 RAY_ENVS["quiet"] = {**RAY_ENVS["throughput"], **QUIET_RAY_ENV}

@@ -13,6 +13,8 @@ Ray's processes read when they start. Each was measured on 2 cores (docs/benchma
   taken from llama.cpp); autoscaling and health decisions react within a second instead of 0.1 s.
 - RAY_SERVE_LOG_TO_STDERR=1: keeps replica logs (llamaray's own lines: why a model cannot be placed or
   run) in `serve run`'s terminal, which the throughput preset would turn off.
+- PROXY_ENV (app/ops/gc_tuning.py): Serve's proxy collects garbage at the replicas' pace; it relays nothing
+  here, but the same setting holds wherever the proxy runs.
 - QUIET_RAY_ENV: Ray's own periodic work slowed, or off where nothing local reads it. Each time one of Ray's
   processes wakes it takes a core from one of llama.cpp's threads in the middle of a decode, and the other
   thread spins at its next barrier until it comes back: stopping Ray's background processes during a
@@ -32,12 +34,15 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from .gc_tuning import PROXY_ENV
+
 LOCAL_RAY_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     "RAY_SERVE_LOG_TO_STDERR": "1",
     # No load balancer to drain a local replica for: a replaced Ingress replica goes at once.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    **PROXY_ENV,
 }
 # Ray's defaults in the comments (src/ray/common/ray_config_def.h).
 QUIET_RAY_ENV = {

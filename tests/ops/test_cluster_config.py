@@ -17,6 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
+from app.ops.gc_tuning import PROXY_ENV
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO_ROOT / "cluster.yaml"
 SERVE_CONFIG_YAML = REPO_ROOT / "serve_config.yaml"
@@ -186,6 +188,9 @@ def test_start_commands(config: dict[str, Any]) -> None:
     assert "--address=$RAY_HEAD_IP:6379" in workers
     for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
         assert commands[0].strip() == "ray stop"
+        # Every node's Serve proxy starts with the serving GC threshold (app/ops/gc_tuning.py).
+        start = next(c for c in commands if "ray start" in c)
+        assert all(f"{k}={v}" in start.split("ray start")[0] for k, v in PROXY_ENV.items()), start
 
 
 def test_aws_provider(config: dict[str, Any]) -> None:
