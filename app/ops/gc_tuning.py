@@ -3,18 +3,16 @@ containers instead of Python's 700.
 
 A replica streaming at GPU speed holds a few thousand short-lived containers at any moment (the chunks' dicts,
 futures and coroutine frames of hundreds of streams), which reference counting frees within milliseconds. At
-Python's threshold the collector still runs whenever 700 of them are alive at once: in the graph's Ingress at
-256 streams, 13 young collections a second, and every ~10 s a full one over the ~100,000 objects the replica
-keeps, 70-110 ms holding the event loop and the GIL each time; 25-30 ms of CPU a second in all, a sixth of the
-Ingress's (docs/benchmarks.md). At 20,000 none ran in the same window. Reference cycles, which the collector is
-for, are still collected: once 20,000 more containers have been made than freed, so young cyclic garbage is
-bounded by that many objects.
+Python's threshold the collector still runs whenever 700 of them are alive at once, a dozen times a second, and
+what survives ages into full collections over everything the replica keeps, each holding its event loop and the
+GIL for tens of milliseconds (docs/benchmarks.md, "The garbage collector was a sixth of the Ingress"). Reference
+cycles, which the collector is for, are still collected: once 20,000 more containers have been made than freed,
+so young cyclic garbage is bounded by that many objects.
 
 Ray Serve freezes what a replica allocated while starting (gc.freeze after its constructor) and keeps Python's
 thresholds. Its proxy, every chunk's hop when clients call it (serve_config.yaml), reads its own young threshold
 from the node's environment when it starts (RAY_SERVE_PROXY_GC_THRESHOLD, also 700): PROXY_ENV, which `serve-local`,
-the KubeRay manifest and cluster.yaml's `ray start` set. Through the proxy at 256 streams it took the proxy from
-0.216-0.222 to 0.202-0.207 cores per 1,000 tok/s and halved the TTFT and inter-chunk p99 the graph adds.
+the KubeRay manifest and cluster.yaml's `ray start` set.
 """
 
 from __future__ import annotations
