@@ -92,24 +92,49 @@ def continuation_room(plan: GenerationPlan, tally: ReplyTally) -> int:
     return max(0, min(plan.spec.tool_continuation_tokens, left))
 
 
+class _Deadline:
+    """A reply's deadline as one timer: when it fires it cancels the reader's task only while that task waits for
+    the source (never the reader's own code after a yield); otherwise the next wait finds it expired."""
+
+    __slots__ = ("task", "waiting", "expired", "fired")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+        self.waiting = self.expired = self.fired = False
+
+    def expire(self) -> None:
+        self.expired = True
+        if self.waiting and self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+
 async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: float) -> AsyncIterator[Any]:
     """Iterate `events` until `deadline` (monotonic); then stop it and raise a 504 APIError.
     Closing the source cancels the generation, so a stuck request frees its slot.
 
-    Each item is awaited in this task under `asyncio.timeout`: `wait_for` ran every item in a task of its own,
-    the largest of the ChatProcessor's own per-chunk costs (docs/benchmarks.md)."""
+    One timer per reply, armed once: `asyncio.timeout` around each item armed and cancelled a timer for every
+    item, and `wait_for` ran every item in a task of its own, each in turn the largest of the ChatProcessor's own
+    per-chunk costs (docs/benchmarks.md)."""
+    state = _Deadline()
+    timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), state.expire)
     try:
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if state.expired or deadline <= time.monotonic():
                 raise timeout_error(timeout_s)
+            state.task, state.waiting = asyncio.current_task(), True
             try:
-                async with asyncio.timeout(remaining):
-                    item = await anext(events)
+                item = await anext(events)
             except StopAsyncIteration:
                 return
-            except TimeoutError:
-                raise timeout_error(timeout_s) from None
+            except asyncio.CancelledError:
+                # Ours, and no one else's cancellation pending: the deadline. Anyone else's stays a cancellation.
+                if state.fired and state.task is not None and state.task.uncancel() == 0:
+                    raise timeout_error(timeout_s) from None
+                raise
+            finally:
+                state.waiting = False
             yield item
     finally:
+        timer.cancel()
         await events.aclose()

@@ -102,3 +102,45 @@ def test_a_long_stream_runs_no_task_per_item():
 
     asyncio.run(main())
     assert made == 0
+
+
+def test_the_deadline_passing_in_the_readers_own_code_does_not_cancel_it():
+    """The deadline cancels only a wait for the source: a reader busy with an item past the deadline finishes
+    that work (a slow client's write is never cut in the middle), and its next wait ends in the 504."""
+    source = Source([1, 2], stall_s=30.0)
+    got: list[int] = []
+    finished_work = []
+
+    async def main():
+        async for item in with_deadline(source.events(), time.monotonic() + 0.1, 0.1):
+            got.append(item)
+            await asyncio.sleep(0.3)  # the reader's own work, past the deadline
+            finished_work.append(item)
+
+    with pytest.raises(APIError) as info:
+        asyncio.run(main())
+    assert info.value.status == 504
+    assert got == finished_work == [1]
+    assert source.closed
+
+
+def test_one_timer_per_reply_not_per_item_and_it_is_cancelled_at_the_end():
+    handles: list[asyncio.TimerHandle] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        call_at = loop.call_at
+
+        def counting(when, callback, *args, **kwargs):
+            handle = call_at(when, callback, *args, **kwargs)
+            handles.append(handle)
+            return handle
+
+        loop.call_at = counting  # call_later goes through call_at too
+        try:
+            assert await read(Source(list(range(200))), 5.0) == list(range(200))
+        finally:
+            del loop.call_at
+
+    asyncio.run(main())
+    assert len(handles) == 1 and handles[0].cancelled()
