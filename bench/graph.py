@@ -45,8 +45,7 @@ import yaml
 from app.config.settings import SYNTHETIC_PRESETS, deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
-from app.ops.gc_tuning import PROXY_ENV
-from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV
+from app.ops.ray_env import CLUSTER_RAY_ENV, LOCAL_RAY_ENV, QUIET_RAY_ENV
 from loadtools.loadgen import DEFAULT_PROMPTS
 
 from . import graph_report as report
@@ -62,13 +61,13 @@ STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/settin
 CHATML_OVERHEAD = 40         # bytes the synthetic model's chat template adds around a prompt (byte tokens)
 DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http direct: [min, max)
 
-# Ray Serve's settings: `default` is what a cluster runs (Ray's defaults but the proxy's GC threshold, which
-# cluster.yaml and the KubeRay manifest set: app/ops/gc_tuning.py);
+# Ray Serve's settings: `default` is what a cluster runs (Ray's defaults but CLUSTER_RAY_ENV, which cluster.yaml and
+# the KubeRay manifest set: HAProxy as the front door, app/ops/ray_env.py);
 # `throughput` is app/ops/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
 # replica's main loop, GC frozen after start-up, the controller waking every second).
 # `quiet` adds QUIET_RAY_ENV, Ray's background turned down as `serve-local` does (a cluster's nodes may set it too).
 RAY_ENVS: dict[str, dict[str, str]] = {
-    "default": dict(PROXY_ENV),
+    "default": dict(CLUSTER_RAY_ENV),
     "throughput": {k: v for k, v in LOCAL_RAY_ENV.items() if k != "RAY_SERVE_LOG_TO_STDERR"},
 }
 RAY_ENVS["quiet"] = {**RAY_ENVS["throughput"], **QUIET_RAY_ENV}
@@ -323,7 +322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=10.0,
                    help="seconds the idle graph is measured before the first level (0: not)")
     p.add_argument("--http", choices=("proxy", "direct"), default="proxy",
-                   help="proxy: clients call Serve's proxy (serve_config.yaml's shape); direct: each Ingress "
+                   help="proxy: clients call the front door on http_options.port (serve_config.yaml's shape: "
+                        "HAProxy with the `default` Ray settings, as clusters run it; Serve's proxy with the "
+                        "others, or with --env RAY_SERVE_ENABLE_HA_PROXY=0); direct: each Ingress "
                         "replica's own HTTP server (Ray Serve's direct ingress), the streams spread over them")
     p.add_argument("--ray-env", choices=tuple(RAY_ENVS), default="default",
                    help="Ray Serve's settings: " + "; ".join(f"{k}: {v or 'Ray defaults'}" for k, v in RAY_ENVS.items()))

@@ -84,8 +84,8 @@ def tier_of(title: str, app: str, pids: Mapping[int, str] | None = None, pid: in
             return "chat_processor"
         if deployment.startswith("LlamaModel-"):
             return "model"
-    if title.startswith("ray::ProxyActor"):
-        return "proxy"
+    if title.startswith(("ray::ProxyActor", "ray::HAProxyManager")) or title.split(" ", 1)[0].endswith("/haproxy"):
+        return "proxy"  # Serve's proxy, or HAProxy and its manager (RAY_SERVE_ENABLE_HA_PROXY=1)
     return "ray_other"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .gc_tuning import PROXY_ENV
+from .ray_env import CLUSTER_RAY_ENV
 
 RAY_VERSION = "2.60.0"
 # No image is published: build one with deploy/kuberay/Dockerfile and pass its name with --image.
@@ -56,7 +56,7 @@ SOURCE_CREDENTIALS_ENV = [
 
 def _container(name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]] | None = None) -> dict:
     env = [copy.deepcopy(API_KEYS_ENV), *copy.deepcopy(SOURCE_CREDENTIALS_ENV),
-           *({"name": k, "value": v} for k, v in PROXY_ENV.items())]  # each node's Serve proxy: app/ops/gc_tuning.py
+           *({"name": k, "value": v} for k, v in CLUSTER_RAY_ENV.items())]  # each node's front door: app/ops/ray_env.py
     container: dict[str, Any] = {"name": name, "image": image, "env": env,
                                  "resources": {"requests": dict(resources), "limits": dict(resources)}}
     if ports:

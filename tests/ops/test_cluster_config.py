@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from app.ops.gc_tuning import PROXY_ENV
+from app.ops.ray_env import CLUSTER_RAY_ENV
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO_ROOT / "cluster.yaml"
@@ -188,9 +188,9 @@ def test_start_commands(config: dict[str, Any]) -> None:
     assert "--address=$RAY_HEAD_IP:6379" in workers
     for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
         assert commands[0].strip() == "ray stop"
-        # Every node's Serve proxy starts with the serving GC threshold (app/ops/gc_tuning.py).
+        # Every node's front door: HAProxy, and the proxy's GC threshold (app/ops/ray_env.py).
         start = next(c for c in commands if "ray start" in c)
-        assert all(f"{k}={v}" in start.split("ray start")[0] for k, v in PROXY_ENV.items()), start
+        assert all(f"{k}={v}" in start.split("ray start")[0] for k, v in CLUSTER_RAY_ENV.items()), start
 
 
 def test_aws_provider(config: dict[str, Any]) -> None:

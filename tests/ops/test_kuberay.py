@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from app.ops.cli import main as cli_main
-from app.ops.gc_tuning import PROXY_ENV
+from app.ops.ray_env import CLUSTER_RAY_ENV
 from app.ops.config_check import check_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -57,8 +57,8 @@ def test_rayservice_shape(manifest):
         assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, c["name"]
     images = {c["image"] for g in (head, gpu) for c in _containers(g)}
     assert len(images) == 1  # one image on every pod, as cluster.yaml sets up every node the same way
-    for c in (*_containers(head), *_containers(gpu)):  # each node's Serve proxy: app/ops/gc_tuning.py
-        assert {e["name"]: e.get("value") for e in c["env"]}.items() >= PROXY_ENV.items(), c["name"]
+    for c in (*_containers(head), *_containers(gpu)):  # each node's front door: app/ops/ray_env.py
+        assert {e["name"]: e.get("value") for e in c["env"]}.items() >= CLUSTER_RAY_ENV.items(), c["name"]
 
 
 def test_each_replica_fits_a_pod_of_the_manifest(manifest):

@@ -14,7 +14,7 @@ import httpx
 import yaml
 
 from app.ops.config_overlay import merge, without_unused_deployments
-from app.ops.ray_env import local_ray_env
+from app.ops.ray_env import CLUSTER_RAY_ENV, local_ray_env
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -129,7 +129,9 @@ class ServeCluster:
         # serve_local: as `make run` (`llamaray serve-local`) starts it: Ray Serve's local settings, the
         # Ingress replica serving self.port itself and Serve's proxy on a free port nobody calls.
         self.serve_local = serve_local
-        self.env = {**(local_ray_env(self.port) if serve_local else {}), **(env or {})}
+        # Otherwise as a cluster's nodes start Ray (CLUSTER_RAY_ENV): HAProxy on self.port, in front of the Ingress
+        # replicas' own HTTP servers.
+        self.env = {**(local_ray_env(self.port) if serve_local else CLUSTER_RAY_ENV), **(env or {})}
         # The app's base URL, under its route_prefix (Serve mounts the app there).
         prefix = (config.get("applications") or [{}])[0].get("route_prefix") or "/"
         self.url = f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
