@@ -34,7 +34,9 @@ class StreamHop:
 
     def __init__(self, handle: DeploymentHandle) -> None:
         self.by_value = handle.options(_by_reference=False, stream=True)
-        self.by_reference = handle.options(stream=True)
+        # Said, not left to Serve's default, which RAY_SERVE_USE_GRPC_BY_DEFAULT (Ray Serve's throughput settings,
+        # on the clusters' nodes) turns into by value.
+        self.by_reference = handle.options(_by_reference=True, stream=True)
 
     def to(self, *args: Any) -> DeploymentHandle:
         return self.by_reference if wire_bytes(args) > BY_VALUE_MAX_BYTES else self.by_value
