@@ -56,10 +56,10 @@ LOCAL_RAY_ENV = {
 # RAY_SERVE_THROUGHPUT_OPTIMIZED=1 as Ray's guide sets it beside HAProxy: each replica runs our code and Serve's
 # router on its main event loop (no hand-off between three loops per request and streamed item), handles over gRPC,
 # replica logs to Serve's log files only (each replica's log lines no longer go through its stderr, the log monitor
-# and the GCS). Through HAProxy at 256 streams it took the Ingress from 0.062-0.067 to 0.044-0.049 cores per 1,000
-# tok/s and the inter-chunk p99 the graph adds from 52-73 to 20-23 ms (docs/benchmarks.md). Serve's log files are
-# written at each record (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE=1, Ray's default), not in 1,000-record batches as
-# the preset would: llamaray's warnings (a model that cannot be placed, a fetch that failed) show up when they happen.
+# and the GCS). Through HAProxy at 256 streams it took a quarter off the Ingress's CPU per token and two thirds off
+# the inter-chunk delay the graph adds (docs/benchmarks.md). Serve's log files are written at each record
+# (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE=1, Ray's default), not in 1,000-record batches as the preset would:
+# llamaray's warnings (a model that cannot be placed, a fetch that failed) show up when they happen.
 CLUSTER_RAY_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
