@@ -61,8 +61,8 @@ STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/settin
 CHATML_OVERHEAD = 40         # bytes the synthetic model's chat template adds around a prompt (byte tokens)
 DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http direct: [min, max)
 
-# Ray Serve's settings: `default` is what a cluster runs (Ray's defaults but CLUSTER_RAY_ENV, which cluster.yaml and
-# the KubeRay manifest set: HAProxy as the front door, app/ops/ray_env.py);
+# Ray Serve's settings: `default` is what a cluster runs (CLUSTER_RAY_ENV, which cluster.yaml and the KubeRay
+# manifest set: HAProxy as the front door and Ray Serve's throughput settings, app/ops/ray_env.py);
 # `throughput` is app/ops/ray_env.py's set for one machine (gRPC between replicas, user code and router on the
 # replica's main loop, GC frozen after start-up, the controller waking every second).
 # `quiet` adds QUIET_RAY_ENV, Ray's background turned down as `serve-local` does (a cluster's nodes may set it too).

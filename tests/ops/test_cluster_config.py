@@ -188,7 +188,8 @@ def test_start_commands(config: dict[str, Any]) -> None:
     assert "--address=$RAY_HEAD_IP:6379" in workers
     for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
         assert commands[0].strip() == "ray stop"
-        # Every node's front door: HAProxy, and the proxy's GC threshold (app/ops/ray_env.py).
+        # Every node starts Ray with CLUSTER_RAY_ENV: HAProxy, Ray Serve's throughput settings, the proxy's GC
+        # threshold (app/ops/ray_env.py).
         start = next(c for c in commands if "ray start" in c)
         assert all(f"{k}={v}" in start.split("ray start")[0] for k, v in CLUSTER_RAY_ENV.items()), start
 

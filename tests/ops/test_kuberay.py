@@ -57,7 +57,7 @@ def test_rayservice_shape(manifest):
         assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, c["name"]
     images = {c["image"] for g in (head, gpu) for c in _containers(g)}
     assert len(images) == 1  # one image on every pod, as cluster.yaml sets up every node the same way
-    for c in (*_containers(head), *_containers(gpu)):  # each node's front door: app/ops/ray_env.py
+    for c in (*_containers(head), *_containers(gpu)):  # CLUSTER_RAY_ENV: app/ops/ray_env.py
         assert {e["name"]: e.get("value") for e in c["env"]}.items() >= CLUSTER_RAY_ENV.items(), c["name"]
 
 
