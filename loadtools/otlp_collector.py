@@ -1,6 +1,7 @@
 """An in-process OTLP/HTTP trace receiver: the spans a collector at `<url>/v1/traces` gets, decoded with
 opentelemetry-proto (protobuf ExportTraceServiceRequest, gzip or not). Serves from a thread, so spans
-exported by other processes (Ray replicas on this machine) arrive while the test waits."""
+exported by other processes (Ray replicas on this machine) arrive while a test or a benchmark
+(`python -m bench.hops`) waits."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class ReceivedSpan:
     resource: dict[str, Any]
     events: tuple[str, ...]
     error: bool       # status ERROR
+    event_ns: tuple[int, ...] = ()  # each event's time, in the order of `events`
 
 
 def _value(v: Any) -> Any:
@@ -92,7 +94,8 @@ class OTLPCollector:
                         name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
                         parent_id=s.parent_span_id.hex(), kind=s.kind, start_ns=s.start_time_unix_nano,
                         end_ns=s.end_time_unix_nano, attributes=_attributes(s.attributes), resource=resource,
-                        events=tuple(e.name for e in s.events), error=s.status.code == 2))
+                        events=tuple(e.name for e in s.events), error=s.status.code == 2,
+                        event_ns=tuple(e.time_unix_nano for e in s.events)))
         with self._lock:
             self.requests += 1
             self.spans.extend(received)
@@ -101,7 +104,8 @@ class OTLPCollector:
         with self._lock:
             return [s for s in self.spans if s.trace_id == trace_id]
 
-    def wait_for(self, trace_id: str, done: Callable[[list[ReceivedSpan]], bool], timeout_s: float) -> list[ReceivedSpan]:
+    def wait_for(self, trace_id: str, done: Callable[[list[ReceivedSpan]], bool],
+                 timeout_s: float) -> list[ReceivedSpan]:
         """The trace's spans once `done(spans)` holds; its spans so far when `timeout_s` passes first."""
         deadline = time.monotonic() + timeout_s
         while True:
