@@ -124,3 +124,56 @@ def test_without_the_cache_the_prompt_is_prefilled_again(bundled_spec):
     _, (start2, _, _), stats = _a_b_a(bundled_spec, cache_mib=0)
     assert start2.cached_tokens < 30
     assert stats == {"entries": 0, "bytes": 0, "hits": 0}
+
+
+class NaiveCache:
+    """The cache's rules entry by entry (what PromptCache did before its token tables): the reference."""
+
+    def __init__(self, max_bytes: int, min_tokens: int) -> None:
+        self.max_bytes, self.min_tokens, self.entries, self.bytes = max_bytes, min_tokens, [], 0
+
+    def worth_keeping(self, toks: list[int], scope: str) -> bool:
+        return len(toks) >= self.min_tokens and not any(
+            s == scope and len(t) >= len(toks) and t[:len(toks)] == toks for t, _, _, s in self.entries)
+
+    def put(self, toks: list[int], state: str, size: int, scope: str) -> None:
+        if size > self.max_bytes:
+            return
+        self.entries = [e for e in self.entries if not (e[3] == scope and toks[:len(e[0])] == e[0])]
+        self.bytes = sum(e[2] for e in self.entries)
+        while self.entries and self.bytes + size > self.max_bytes:
+            self.bytes -= self.entries.pop(0)[2]
+        self.entries.append((toks, state, size, scope))
+        self.bytes += size
+
+    def best_len(self, prompt: list[int], scope: str) -> int:
+        return max((next((i for i, (a, b) in enumerate(zip(t, prompt)) if a != b), min(len(t), len(prompt)))
+                    for t, _, _, s in self.entries if s == scope), default=0)
+
+
+def test_the_token_tables_agree_with_the_rules_entry_by_entry():
+    """Random prompts over a few shared headers, two scopes, entries of every length up to 700 tokens (wider than
+    a table's first rows), eviction by bytes: every lookup answers as the entry-by-entry rules do."""
+    rng = np.random.default_rng(7)
+    headers = [list(rng.integers(0, 50, n)) for n in (0, 20, 40)]
+    cache, ref = PromptCache(max_bytes=3000, min_tokens=8), NaiveCache(3000, 8)
+    for step in range(600):
+        scope = ("", "other")[int(rng.integers(0, 2))]
+        tail = rng.integers(0, 50, int(rng.integers(0, 660)))
+        toks = [int(t) for t in headers[int(rng.integers(0, 3))] + list(tail)]
+        if rng.random() < 0.4 and ref.entries:  # a prompt cutting one already stored, or extending its start
+            base = ref.entries[int(rng.integers(0, len(ref.entries)))][0]
+            extra = toks[:int(rng.integers(0, 50))] if rng.random() < 0.5 else []
+            toks = base[:int(rng.integers(0, len(base) + 1))] + extra
+        entry, n = cache.best(toks, scope)
+        assert n == ref.best_len(toks, scope), step
+        if n:  # the entry found is one sharing that many tokens; used, it goes last in line for eviction
+            assert entry.scope == scope and list(entry.tokens[:n]) == toks[:n]
+            ref.entries.append(ref.entries.pop(next(i for i, e in enumerate(ref.entries) if e[1] == entry.state)))
+        assert cache.worth_keeping(toks, scope) == ref.worth_keeping(toks, scope), step
+        if ref.worth_keeping(toks, scope):
+            size = int(rng.integers(1, 400))
+            cache.put(toks, f"s{step}", size, scope)
+            ref.put(toks, f"s{step}", size, scope)
+        assert [e.state for e in cache._entries.values()] == [e[1] for e in ref.entries], step
+        assert cache.bytes == ref.bytes, step
