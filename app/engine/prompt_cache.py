@@ -30,15 +30,6 @@ import numpy as np
 MIN_TOKENS = 32
 
 
-def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix of two token arrays."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
 @dataclass(eq=False)
 class Entry:
     tokens: np.ndarray  # what the saved KV holds, in order

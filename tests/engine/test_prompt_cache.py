@@ -12,7 +12,7 @@ import pytest
 
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
-from app.engine.prompt_cache import PromptCache, shared_prefix
+from app.engine.prompt_cache import PromptCache, TokenTable
 from app.engine.stream import generate_stream
 from tests.support.events import run_until_idle
 
@@ -24,9 +24,11 @@ def tokens(*runs: tuple[int, int]) -> list[int]:
 
 def test_shared_prefix():
     a = np.array([1, 2, 3, 4], dtype=np.int32)
-    assert shared_prefix(a, np.array([1, 2, 9], dtype=np.int32)) == 2
-    assert shared_prefix(a, a[:3]) == 3
-    assert shared_prefix(a, np.array([], dtype=np.int32)) == 0
+    table = TokenTable()
+    table.add(0, a)
+    assert list(table.shared(np.array([1, 2, 9], dtype=np.int32))) == [2]
+    assert list(table.shared(a[:3])) == [3]
+    assert list(table.shared(np.array([], dtype=np.int32))) == [0]
 
 
 def test_best_entry_is_the_longest_shared_prefix():
