@@ -108,6 +108,9 @@ class LlamaEngine(DecodeThread):
         self._slots = [Slot(i) for i in range(spec.n_seq_max)]
         self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
         self._outbox: list[tuple[Sink, Event]] = []
+        # Slots left idle with their KV since the engine last had nothing to do: it goes to the prompt cache then,
+        # so the next request's admission (which would save it first, before overwriting) finds it saved.
+        self._idle_kv: list[int] = []
         self.steps = 0
         self.tokens_decoded = 0  # batch tokens decoded, prompt and generated (tests, stats)
         # Recent duration of one busy step (decode, sampling, publishing), a moving average: streams
@@ -470,6 +473,8 @@ class LlamaEngine(DecodeThread):
         while True:
             with self._cv:
                 while not (self._closing or self._waiting or self.active or self._cancelled or self._retired):
+                    if self._idle_kv:
+                        break
                     self._cv.wait()
                 if self._closing:
                     return
@@ -485,6 +490,8 @@ class LlamaEngine(DecodeThread):
             self._admit(self._admitting)
             self._admitting = []
             self._flush()
+            if not self.active and self._idle_kv:
+                self._save_idle(self._idle_kv.pop())
             if self.active:
                 started = time.perf_counter()
                 self._step()
@@ -619,6 +626,13 @@ class LlamaEngine(DecodeThread):
             state, size = self.llama.seq_state(slot.index)
             if size:
                 self._prompt_cache.put(slot.tokens, state, size, slot.scope)
+
+    def _save_idle(self, index: int) -> None:
+        """An idle slot's KV into the prompt cache while no request waits or runs (one slot a turn of the loop, so
+        a request that comes meanwhile waits for one save at most, as it would at its admission)."""
+        slot = self._slots[index]
+        if slot.state is SlotState.IDLE and not self._waiting:
+            self._save_to_cache(slot, keep=0)
 
     def _restore(self, slot: int, entry: Entry, keep: int) -> int:
         """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
@@ -971,6 +985,8 @@ class LlamaEngine(DecodeThread):
                 self._text(gen, tail)
         # Free the slot before telling the client, so a follow-up request finds it free.
         self._release(slot, keep_cache=True)
+        if len(slot.tokens) >= MIN_COPY_TOKENS and slot.index not in self._idle_kv:
+            self._idle_kv.append(slot.index)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
                                 completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
                                 token_ids=tuple(gen.token_ids) if reason == "length" else (),

@@ -5,6 +5,7 @@ restored from the cache instead of prefilled again, with the same greedy reply."
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 
 import numpy as np
@@ -179,3 +180,73 @@ def test_the_token_tables_agree_with_the_rules_entry_by_entry():
             ref.put(toks, f"s{step}", size, scope)
         assert [e.state for e in cache._entries.values()] == [e[1] for e in ref.entries], step
         assert cache.bytes == ref.bytes, step
+
+
+def _no_end(engine) -> list[tuple[int, float]]:
+    """A logit bias that keeps the model from ending its reply (every end-of-generation token out)."""
+    import llama_cpp as L
+
+    vocab = engine.llama.vocab
+    return [(t, -100.0) for t in range(engine.llama.n_vocab) if L.llama_vocab_is_eog(vocab, t)]
+
+
+def _wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(300)
+def test_an_idle_engine_saves_a_finished_slot_before_the_next_request(bundled_spec):
+    """The slot a request leaves goes to the cache while the engine has nothing to do, not at the next request's
+    admission, which then finds it saved (one save of A's KV, before B arrives)."""
+    from app.prompt.chat_template import render_prompt
+
+    a, b = (render_prompt(bundled_spec.chat_template, [{"role": "user", "content": q}]) for q in QUESTIONS)
+    engine = _one_slot_engine(bundled_spec, cache_mib=64)
+    saves = []
+    seq_state = engine.llama.seq_state
+    engine.llama.seq_state = lambda slot: (saves.append(slot), seq_state(slot))[1]
+    try:
+        run_until_idle(engine, _run(engine, a))
+        _wait_for(lambda: engine.stats()["prompt_cache"]["entries"] == 1, "A's KV in the cache")
+        assert saves == [0]
+        (start_b, _, _) = run_until_idle(engine, _run(engine, b))
+        assert start_b.cached_tokens < 30
+        _wait_for(lambda: engine.stats()["prompt_cache"]["entries"] == 2, "B's KV in the cache")
+        assert saves == [0, 0]  # B's admission saved nothing: A's entry covered the slot
+        (start_a, _, _) = run_until_idle(engine, _run(engine, a))
+        assert start_a.cached_tokens == start_a.prompt_tokens - 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_busy_engine_saves_nothing_early(bundled_spec):
+    """A slot that finishes while another stream decodes is saved only once the engine is idle: saving on the
+    decode thread would hold up every running stream's next token."""
+    from app.engine import LlamaEngine
+    from app.engine.stream import publish_to_loops
+    from app.prompt.chat_template import render_prompt
+
+    a, b = (render_prompt(bundled_spec.chat_template, [{"role": "user", "content": q}]) for q in QUESTIONS)
+    engine = LlamaEngine(dataclasses.replace(bundled_spec, n_seq_max=2, prompt_cache_mib=64),
+                         publish=publish_to_loops).start()
+    try:
+        async def scenario():
+            long = GenerationRequest(request_id=uuid.uuid4().hex, prompt=a, max_tokens=48, stop=[],
+                                     sampling=SamplingParams(temperature=0.0, logit_bias=_no_end(engine)))
+            stream = generate_stream(engine, long, 0)
+            await anext(stream)  # admitted, decoding
+            await _run(engine, b)  # finishes within a few steps, long before the other's 48 tokens
+            rest = [ev for _ in range(4) for ev in await anext(stream)]  # four more steps of the long one
+            during = engine.stats()["prompt_cache"]["entries"]
+            rest += [ev async for batch in stream for ev in batch]
+            return during, rest[-1]
+        during, end = run_until_idle(engine, scenario())
+        assert during == 0
+        assert end.completion_tokens == 48
+        _wait_for(lambda: engine.stats()["prompt_cache"]["entries"] == 2, "both slots in the cache once idle")
+    finally:
+        engine.close()
