@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtools.procfs import PROC, stat_fields
+from loadtools.procfs import pids as proc_pids
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PROC = Path("/proc")
 
 # The tiers, in the order the report prints them: the server's (SERVING), then the bench's own processes
 # (`loadgen`: the load generator; `bench`: the bench itself and its Ray driver, which ask the engine for
@@ -35,10 +37,8 @@ class ProcSample:
 
 
 def parse_stat(text: str) -> tuple[int, float]:
-    """(session id, CPU seconds: utime + stime) from the text of /proc/<pid>/stat. The command name in
-    parentheses may hold spaces and parentheses itself, so the fields are counted after the last ')'."""
-    rest = text.rsplit(")", 1)[1].split()
-    # rest[0] is field 3 (state): session is field 6, utime 14, stime 15 (proc(5)).
+    """(session id, CPU seconds: utime + stime) from the text of /proc/<pid>/stat."""
+    rest = stat_fields(text)
     return int(rest[3]), (int(rest[11]) + int(rest[12])) / CLK_TCK
 
 
@@ -60,10 +60,7 @@ def sample(sid: int | None, pids: Iterable[int] = (), proc: Path = PROC) -> dict
     """Every live process of session `sid`, plus `pids` (processes outside it), by pid."""
     out: dict[int, ProcSample] = {}
     wanted = set(pids)
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid in proc_pids(proc):
         s = read_process(pid, proc)
         if s is not None and (pid in wanted or (sid is not None and s.sid == sid)):
             out[pid] = s

@@ -29,7 +29,10 @@ import httpx
 import yaml
 
 from app.ops.ray_env import http_endpoint, port_state
+from loadtools import procfs
 from tools.llama_build import build_env, build_key
+
+from .procs import title_of
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -466,17 +469,8 @@ def _run_cli(cmd: list) -> None:
 
 def _pids_mentioning(needle: str) -> list[int]:
     me = os.getpid()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return [pid for pid in procfs.pids() if pid != me
+            and needle in title_of(procfs.read_cmdline(pid) or b"")]
 
 
 def _kill_processes_mentioning(needle: str, grace_s: float = 10) -> int:
@@ -499,10 +493,8 @@ def _kill_processes_mentioning(needle: str, grace_s: float = 10) -> int:
 
 
 def _is_zombie(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
-    except (OSError, IndexError):
-        return True
+    rest = procfs.read_stat(pid)
+    return rest is None or rest[0] == "Z"
 
 
 SERVERS = {
@@ -529,15 +521,10 @@ def _machine_busy_s() -> float:
 
 def session_procs(sid: int) -> Iterator[tuple[int, list[str]]]:
     """(pid, the fields of /proc/<pid>/stat after the command name) of each live process of session `sid`."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            rest = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(rest[3]) == sid:
-            yield int(entry.name), rest
+    for pid in procfs.pids():
+        rest = procfs.read_stat(pid)
+        if rest is not None and int(rest[3]) == sid:
+            yield pid, rest
 
 
 def _session_cpu_s(sid: int) -> float:

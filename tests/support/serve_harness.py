@@ -17,6 +17,7 @@ import yaml
 
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.ray_env import CLUSTER_RAY_ENV, local_ray_env
+from loadtools import procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -131,16 +132,13 @@ def kill_session_processes(session: Path) -> list[int]:
     import signal
 
     killed, needle = [], str(session).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in procfs.pids():
+        rest = procfs.read_stat(pid)
+        if rest is None or int(rest[1]) != os.getpid() or needle not in (procfs.read_cmdline(pid) or b""):
             continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent == os.getpid() and needle in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
 
 
