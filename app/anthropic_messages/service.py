@@ -74,8 +74,8 @@ class MessagesService:
         self.core = GenerationCore(specs, generate, limits=limits, per_key_cache=per_key_cache)
         self.lifecycle: Lifecycle[MessagesRequest, GenerationPlan, MessagesReply] = Lifecycle(self, observer)
 
-    def target(self, req: MessagesRequest) -> Target:
-        return self.core.target(req.model, "/v1/messages")
+    def target(self, req: MessagesRequest, caller: Caller) -> Target:
+        return self.core.target(req.model, "/v1/messages", caller)
 
     def make_plan(self, req: MessagesRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
         """The request mapped to its chat request and planned for `spec` (in a thread: pure CPU work)."""
@@ -83,7 +83,7 @@ class MessagesService:
         return self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
 
     async def plan(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
-        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan,
+        return await self.core.plan(req, self.target(req, caller), self.core.scope(caller, req.cache_salt), self.make_plan,
                                     caller)
 
     def reply(self, plan: GenerationPlan, stream: bool) -> MessagesReply:

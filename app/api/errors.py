@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.errors import ContextExceeded, EngineError
+from ..tenants.access import may_use
+from ..tenants.policies import KeyPolicy
 
 
 class APIError(Exception):
@@ -81,11 +83,13 @@ def wrong_kind(model: str, kind: str, route: str) -> APIError:
                            code="unsupported_model")
 
 
-def served_model(models: Mapping[str, Any], model: str, kind: str, route: str) -> Any:
-    """The one check every route makes of `model`: configured (else 404) and of the `kind` the route
-    serves (else a 400 naming what it does serve). `models` maps ids to ModelSpecs."""
+def served_model(models: Mapping[str, Any], model: str, kind: str, route: str,
+                 policy: KeyPolicy | None = None) -> Any:
+    """The one check every route makes of `model`: configured and one the key's `policy` allows (else 404:
+    another key's model is unknown to this one, as OpenAI answers) and of the `kind` the route serves (else a
+    400 naming what it does serve). `models` maps ids to ModelSpecs."""
     spec = models.get(model)
-    if spec is None:
+    if spec is None or not may_use(policy, model):
         raise model_not_found(model)
     if spec.kind != kind:
         raise wrong_kind(spec.id, spec.kind, route)

@@ -75,15 +75,15 @@ class ChatService:
         self.core = GenerationCore(specs, generate, limits=limits, per_key_cache=per_key_cache)
         self.lifecycle: Lifecycle[ChatCompletionRequest, GenerationPlan, ChatReply] = Lifecycle(self, observer)
 
-    def target(self, req: ChatCompletionRequest) -> Target:
-        return self.core.target(req.model, "/v1/chat/completions", req.lora)
+    def target(self, req: ChatCompletionRequest, caller: Caller) -> Target:
+        return self.core.target(req.model, "/v1/chat/completions", caller, req.lora)
 
     def make_plan(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
         """The request's plan for `spec` (in a thread: pure CPU work)."""
         return self.core.plan_chat(req, spec, scope)
 
     async def plan(self, req: ChatCompletionRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
-        return await self.core.plan(req, self.target(req), self.core.scope(caller, req.cache_salt), self.make_plan,
+        return await self.core.plan(req, self.target(req, caller), self.core.scope(caller, req.cache_salt), self.make_plan,
                                     caller)
 
     def reply(self, plan: GenerationPlan, stream: bool) -> ChatReply:

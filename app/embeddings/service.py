@@ -46,9 +46,9 @@ class EmbeddingService:
         self.limits = limits or Limits()
         self.observer = observer or NullObserver()
 
-    def job(self, req: EmbeddingRequest) -> EmbeddingJob:
+    def job(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> EmbeddingJob:
         """The request as its model's engine takes it; a 400 for what can be told without the model's tokenizer."""
-        spec = served_model(self.models, req.model, "embedding", "/v1/embeddings")
+        spec = served_model(self.models, req.model, "embedding", "/v1/embeddings", caller.policy)
         items, single = inputs(req.input, self.limits.max_embedding_inputs)
         if req.dimensions is not None and req.dimensions != spec.n_embd and req.dimensions not in spec.dimensions:
             sizes = ", ".join(map(str, spec.dimensions))
@@ -64,7 +64,7 @@ class EmbeddingService:
                             max_total_tokens=self.limits.max_embedding_tokens)
 
     async def complete(self, req: EmbeddingRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        job = self.job(req)  # the client's errors, before anything is recorded (as for generations)
+        job = self.job(req, caller)  # the client's errors, before anything is recorded (as for generations)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
                                       lambda: self.engines.run(req.model, job), caller)
         return embedding_body(req.model, result, req.encoding_format)

@@ -15,6 +15,8 @@ from typing import Any
 
 from ..api.errors import APIError, invalid_request, model_not_found, served_model
 from ..config.settings import ModelSpec
+from ..tenants.access import may_use
+from ..tenants.policies import KeyPolicy
 
 
 @dataclass(frozen=True)
@@ -44,42 +46,55 @@ def split_model(models: Mapping[str, ModelSpec], model: str) -> tuple[ModelSpec,
     return None
 
 
+def reached_model(models: Mapping[str, ModelSpec], model: str,
+                  policy: KeyPolicy | None = None) -> tuple[ModelSpec, str | None]:
+    """split_model's (spec, adapter or None) for `model`, when it is configured and the key's `policy` allows it
+    (tenants/access.py); else the 404 of a model that does not exist."""
+    found = split_model(models, model)
+    if found is None or not may_use(policy, found[0].id, ((found[1], 1.0),) if found[1] else ()):
+        raise model_not_found(model)
+    return found
+
+
 def served_target(models: Mapping[str, ModelSpec], model: str, kind: str, route: str,
-                  lora: Sequence[Any] | None = None) -> Target:
+                  lora: Sequence[Any] | None = None, policy: KeyPolicy | None = None) -> Target:
     """The request's target: `model` configured (else 404) and of `kind` (else 400, served_model's), its
     adapters from the `:adapter` suffix and the `lora` entries (which set the scales of the adapters they
-    name, and add those they name besides)."""
-    found = split_model(models, model)
-    if found is None:
-        raise model_not_found(model)
-    spec, suffix = found
+    name, and add those they name besides). All of it must be what the key's `policy` allows
+    (tenants/access.py): a model or adapter it may not use is answered as one that does not exist, and an
+    adapter list names only the adapters it may use."""
+    spec, suffix = reached_model(models, model, policy)
     served_model(models, spec.id, kind, route)
+    visible = [a.name for a in spec.adapters if may_use(policy, spec.id, ((a.name, 1.0),))]
     scales: dict[str, float] = {}
     if suffix is not None:
         scales[suffix] = spec.adapter(suffix).scale  # type: ignore[union-attr]
     seen: set[str] = set()
     for i, entry in enumerate(lora or ()):
-        name = _entry_adapter(spec, entry, i)
+        name = _entry_adapter(spec, entry, i, visible)
         if name in seen:
             raise invalid_request(f"Adapter `{name}` is named twice in `lora`.", param=f"lora[{i}]",
                                   code="invalid_value")
         seen.add(name)
         scales[name] = entry.scale if entry.scale is not None else spec.adapter(name).scale  # type: ignore[union-attr]
-    return Target(spec, tuple((a.name, scales[a.name]) for a in spec.adapters if a.name in scales))
+    target = Target(spec, tuple((a.name, scales[a.name]) for a in spec.adapters if a.name in scales))
+    if not may_use(policy, spec.id, target.adapters):  # every adapter at scale 0: the base model's weights
+        raise model_not_found(model)
+    return target
 
 
-def _entry_adapter(spec: ModelSpec, entry: Any, i: int) -> str:
-    """The name of the adapter a `lora` entry means: by index (`id`) or `name`, both the same when both are given."""
+def _entry_adapter(spec: ModelSpec, entry: Any, i: int, visible: list[str]) -> str:
+    """The name of the adapter a `lora` entry means: by index (`id`, in the model's `adapters`) or `name`, both the
+    same when both are given; one not in `visible` (those the key may use) is unknown."""
     by_id = by_name = None
     if entry.id is not None:
-        if entry.id >= len(spec.adapters):
-            raise _unknown(spec, f"`lora[{i}].id` is {entry.id}; model `{spec.id}` has "
-                                 f"{len(spec.adapters)} adapter{'' if len(spec.adapters) == 1 else 's'}",
-                           f"lora[{i}].id")
+        if entry.id >= len(spec.adapters) or spec.adapters[entry.id].name not in visible:
+            raise _unknown(spec, f"`lora[{i}].id` {entry.id} names no adapter of model `{spec.id}`",
+                           f"lora[{i}].id", visible)
         by_id = spec.adapters[entry.id].name
     if entry.name is not None:
-        if spec.adapter(entry.name) is None:
-            raise _unknown(spec, f"model `{spec.id}` has no adapter `{entry.name}`", f"lora[{i}].name")
+        if entry.name not in visible:
+            raise _unknown(spec, f"model `{spec.id}` has no adapter `{entry.name}`", f"lora[{i}].name", visible)
         by_name = entry.name
     if by_id is not None and by_name is not None and by_id != by_name:
         raise invalid_request(f"`lora[{i}]` names adapter {entry.id} (`{by_id}`) and `{by_name}`: name one.",
@@ -87,7 +102,8 @@ def _entry_adapter(spec: ModelSpec, entry: Any, i: int) -> str:
     return by_id or by_name  # type: ignore[return-value]
 
 
-def _unknown(spec: ModelSpec, what: str, param: str) -> APIError:
-    names = ", ".join(f"`{a.name}`" for a in spec.adapters) or "none"
-    return APIError(f"The adapter does not exist: {what} (its adapters: {names}).", param=param,
+def _unknown(spec: ModelSpec, what: str, param: str, visible: list[str]) -> APIError:
+    """An adapter the request names that does not exist (or that the key may not use: told apart from nothing)."""
+    ids = ", ".join(f"{i} `{a.name}`" for i, a in enumerate(spec.adapters) if a.name in visible) or "none"
+    return APIError(f"The adapter does not exist: {what} (its adapters: {ids}).", param=param,
                     code="model_not_found", status=404, type="invalid_request_error")

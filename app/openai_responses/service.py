@@ -96,8 +96,8 @@ class ResponsesService:
         self.store = response_store if response_store is not None else MemoryResponseStore()
         self.lifecycle: Lifecycle[ResponsesRequest, ResponsesPlan, ResponsesReply] = Lifecycle(self, observer)
 
-    def target(self, req: ResponsesRequest | ChatCompletionRequest) -> Target:
-        return self.core.target(req.model, "/v1/responses")
+    def target(self, req: ResponsesRequest | ChatCompletionRequest, caller: Caller) -> Target:
+        return self.core.target(req.model, "/v1/responses", caller)
 
     async def turn(self, req: ResponsesRequest, caller: Caller) -> Turn:
         """The request's conversation: after the stored one it continues, if any (another key's is unknown)."""
@@ -121,7 +121,7 @@ class ResponsesService:
     async def plan(self, req: ResponsesRequest, caller: Caller = ANONYMOUS) -> ResponsesPlan:
         turn = await self.turn(req, caller)
         try:
-            chat = await self.core.plan(turn.chat, self.target(turn.chat), self.core.scope(caller, turn.chat.cache_salt),
+            chat = await self.core.plan(turn.chat, self.target(turn.chat, caller), self.core.scope(caller, turn.chat.cache_salt),
                                         self.make_plan, caller)
         except APIError as exc:
             raise responses_param(exc) from None

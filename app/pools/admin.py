@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..api.errors import APIError, invalid_request, model_not_found
 from ..config.settings import ModelSpec
 from ..engine.params import Job
+from ..tenants.access import may_use
 from .manager import UNLOAD_WAIT_S, PoolManager
 
 LOCAL = "local"
@@ -135,9 +136,11 @@ class PoolAdmin:
         self.run = run
         self.replicas = replicas
 
-    def _pool_of(self, model_id: str) -> str:
+    def _pool_of(self, model_id: str, caller: Any) -> str:
+        """The pool of `model_id`; a 404 for a model not configured or that the caller's key may not use (an admin
+        key limited to some models loads, pins and unloads only those: tenants/access.py)."""
         spec = self.specs.get(model_id)
-        if spec is None:
+        if spec is None or not may_use(getattr(caller, "policy", None), model_id):
             raise model_not_found(model_id)
         if not spec.pool:
             raise invalid_request(f"Model `{model_id}` is not in a pool: it has a deployment of its own and is always "
@@ -168,17 +171,17 @@ class PoolAdmin:
                 "pinned": any(w["pinned"] for w in where), "replicas": where}
 
     async def load(self, request: LoadModelRequest, caller: Any) -> dict[str, Any]:
-        pool = self._pool_of(request.model)
+        pool = self._pool_of(request.model, caller)
         await self.run(request.model, LoadJob())
         return self._card(request.model, await self._each_replica(pool, request.model, PoolStatusJob))
 
     async def unload(self, request: UnloadModelRequest, caller: Any) -> dict[str, Any]:
-        pool = self._pool_of(request.model)
+        pool = self._pool_of(request.model, caller)
         held = await self._each_replica(pool, request.model, lambda r: UnloadJob(replica=r))
         return self._card(request.model, held)
 
     async def pin(self, request: PinModelRequest, caller: Any) -> dict[str, Any]:
-        pool = self._pool_of(request.model)
+        pool = self._pool_of(request.model, caller)
         held = await self._each_replica(pool, request.model, lambda r: PinJob(replica=r, pinned=request.pinned))
         if request.pinned and not any(request.model in h for h in held.values()):
             await self.run(request.model, LoadJob(pin=True))  # held nowhere: loaded where it is routed, and kept
@@ -189,7 +192,7 @@ class PoolAdmin:
         policy = getattr(caller, "policy", None)
         cards = []
         for pool, models in self.pools.items():
-            allowed = [m for m in models if policy is None or policy.allows_model(m)]
+            allowed = [m for m in models if may_use(policy, m)]
             if allowed:
                 held = await self._each_replica(pool, allowed[0], PoolStatusJob)
                 cards += [self._card(m, held) for m in allowed]

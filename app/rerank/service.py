@@ -43,9 +43,9 @@ class RerankService:
         self.limits = limits or Limits()
         self.observer = observer or NullObserver()
 
-    def job(self, req: RerankRequest) -> RerankJob:
+    def job(self, req: RerankRequest, caller: Caller = ANONYMOUS) -> RerankJob:
         """The request as its reranker's engine takes it; a 400 for what can be told without the tokenizer."""
-        spec = served_model(self.models, req.model, "rerank", "/v1/rerank")
+        spec = served_model(self.models, req.model, "rerank", "/v1/rerank", caller.policy)
         if not req.query:
             raise invalid_request("`query` is an empty string.", param="query", code="empty_input")
         texts = documents(req.documents, self.limits.max_rerank_documents)
@@ -53,7 +53,7 @@ class RerankService:
                          truncate=req.truncate_prompt_tokens, max_total_tokens=self.limits.max_rerank_tokens)
 
     async def complete(self, req: RerankRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        job = self.job(req)
+        job = self.job(req, caller)
         result = await pooled_request(self.observer, self.protocol, req.model, self.limits,
                                       lambda: self.engines.run(req.model, job), caller)
         return rerank_body(job.request_id, req.model, job.documents, result, req.top_n, req.return_documents)

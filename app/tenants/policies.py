@@ -8,7 +8,7 @@ file is safe to show, and a leaked copy lets no one in) with its limits:
         tokens_per_minute: 200000         # prompt + completion, counted as usage is
         max_concurrent: 16
         token_budget: {tokens: 5000000, per: day}    # or per: month (UTC calendar)
-        models: [smollm2, "smollm2:support"]          # a base id allows its adapters too
+        models: [smollm2, "smollm2:support"]          # exact ids; `smollm2:*` is smollm2 and all its adapters
         priority: normal                  # high, normal or low: its weight in the fair share
         admin: false                      # true: may call the admin routes
 
@@ -73,13 +73,6 @@ class KeyPolicy(BaseModel):
         """Whether anything about this key needs counting (an unlimited key costs nothing per request)."""
         return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute, self.max_concurrent,
                                            self.token_budget))
-
-    def allows_model(self, model_id: str) -> bool:
-        """`models` unset: every model. A base id listed allows its adapters (`base:adapter`); an adapter
-        listed allows only itself."""
-        if self.models is None:
-            return True
-        return model_id in self.models or model_id.split(":", 1)[0] in self.models
 
     @property
     def weight(self) -> float:

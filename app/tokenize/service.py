@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar
 
-from ..api.errors import KIND_SERVES, invalid_request, model_not_found
-from ..generation.adapters import split_model
+from ..api.errors import KIND_SERVES, invalid_request
+from ..generation.adapters import reached_model
 from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..config.settings import Limits, ModelSpec
@@ -60,14 +60,11 @@ class TokenService:
         self.tokens = tokens
         self.limits = limits or Limits()
 
-    def _spec(self, model: str) -> ModelSpec:
-        found = split_model(self.models, model)  # `<base>:<adapter>` tokenizes as its base
-        if found is None:
-            raise model_not_found(model)
-        return found[0]
+    def _spec(self, model: str, caller: Caller) -> ModelSpec:
+        return reached_model(self.models, model, caller.policy)[0]  # `<base>:<adapter>` tokenizes as its base
 
     async def tokenize(self, req: TokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        spec = self._spec(req.model)
+        spec = self._spec(req.model, caller)
         if req.messages is not None and spec.kind != "chat":
             what = KIND_SERVES[spec.kind][0]
             raise invalid_request(f"Model `{spec.id}` is {what}: it has no chat template to render "
@@ -75,10 +72,10 @@ class TokenService:
         if req.messages is None:
             text = tokenize_text(req, spec, self.formats.get(spec.id), self.limits)
         else:
-            text = await off_loop(self.limits, tokenize_text, req, spec, self.formats[spec.id], self.limits)
+            text = await off_loop(self.limits, caller, tokenize_text, req, spec, self.formats[spec.id], self.limits)
         ids = await self.tokens.run(spec.id, TokenizeJob(text, req.add_special))
         return {"tokens": ids, "count": len(ids), "max_model_len": spec.n_ctx}
 
     async def detokenize(self, req: DetokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        spec = self._spec(req.model)
+        spec = self._spec(req.model, caller)
         return {"prompt": await self.tokens.run(spec.id, DetokenizeJob(req.tokens))}

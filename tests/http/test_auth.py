@@ -103,18 +103,24 @@ def test_a_key_limited_to_models_sees_and_uses_only_those(tmp_path):
 
     limited, full = "sk-limited-" + "l" * 20, "sk-full-" + "f" * 20
     keys = tmp_path / "keys.yaml"
+    adapters = "sk-adapters-" + "a" * 20
     keys.write_text(f"keys:\n  - name: narrow\n    key_sha256: {key_hash(limited)}\n    models: [m]\n"
-                    f"  - name: wide\n    key_sha256: {key_hash(full)}\n")
-    cards = [ModelCard("m"), ModelCard("m:adapter", parent="m"), ModelCard("other")]
+                    f"  - name: wide\n    key_sha256: {key_hash(full)}\n"
+                    f"  - name: adapters\n    key_sha256: {key_hash(adapters)}\n    models: ['m:*']\n")
+    cards = [ModelCard("m"), ModelCard("m:adapter", parent="m"), ModelCard("m:v2", pool="p"), ModelCard("other")]
     app = build_http_app(Recorder(), cards, ServerSettings(keys=KeyChecker(registry=KeyRegistry([], str(keys)))))
     narrow, wide = {"Authorization": f"Bearer {limited}"}, {"Authorization": f"Bearer {full}"}
     with TestClient(app) as client:
-        assert [m["id"] for m in client.get("/v1/models", headers=narrow).json()["data"]] == ["m", "m:adapter"]
-        assert len(client.get("/v1/models", headers=wide).json()["data"]) == 3
-        refused = client.post("/tokenize", json={"model": "other", "prompt": "x"}, headers=narrow)
-        assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
-        assert client.get("/v1/models/other", headers=narrow).status_code == 404
-        assert client.post("/tokenize", json={"model": "m:adapter", "prompt": "x"}, headers=narrow).status_code == 200
+        # `m` is the model m alone: neither its adapter nor a model whose id starts with `m:`
+        assert [m["id"] for m in client.get("/v1/models", headers=narrow).json()["data"]] == ["m"]
+        assert [m["id"] for m in client.get("/v1/models", headers={"Authorization": f"Bearer {adapters}"}).json()[
+            "data"]] == ["m", "m:adapter"]
+        assert len(client.get("/v1/models", headers=wide).json()["data"]) == 4
+        for model in ("other", "m:adapter", "m:v2", "M", "m:"):
+            refused = client.post("/tokenize", json={"model": model, "prompt": "x"}, headers=narrow)
+            assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", model
+            assert client.get(f"/v1/models/{model}", headers=narrow).status_code == 404
+        assert client.post("/tokenize", json={"model": "m", "prompt": "x"}, headers=narrow).status_code == 200
         assert client.post("/tokenize", json={"model": "other", "prompt": "x"}, headers=wide).status_code == 200
         assert client.post("/tokenize", json={"model": "m", "prompt": "x"}, headers={
             "Authorization": f"Bearer {key_hash(limited)}"}).status_code == 401  # the hash is not a key

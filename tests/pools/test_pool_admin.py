@@ -119,7 +119,7 @@ def test_loading_a_model_over_the_budget_is_a_503_naming_it():
 
 # ---- the admin service over two replicas -----------------------------------------------------------------
 
-MODELS = ("a", "b", "c")
+MODELS = ("a", "b", "c", "a:v2")  # a model whose id starts with another's and a colon (Ollama's name:tag)
 
 
 class Replicas:
@@ -222,10 +222,29 @@ def test_the_listing_shows_where_each_model_is_for_the_models_the_key_may_use():
         await replicas.managers["r2"].load("b", pin=True)
         admin = admin_over(replicas)
         listing = await admin.list(PoolModelsRequest(), Caller())
-        assert [c["id"] for c in listing["data"]] == ["a", "b", "c"]
+        assert [c["id"] for c in listing["data"]] == ["a", "b", "c", "a:v2"]
         by_id = {c["id"]: c for c in listing["data"]}
         assert by_id["b"]["replicas"] == [{"replica": "r2", "state": "loaded", "pinned": True}]
         assert by_id["a"]["state"] == "available" and by_id["a"]["replicas"] == []
         limited = KeyPolicy(name="t", key_sha256="0" * 64, models=("c",), admin=True)
         assert [c["id"] for c in (await admin.list(PoolModelsRequest(), Caller(limited)))["data"]] == ["c"]
+    asyncio.run(run())
+
+
+def test_an_admin_key_limited_to_a_model_loads_pins_and_unloads_that_model_alone():
+    async def run():
+        replicas = Replicas()
+        admin = admin_over(replicas)
+        limited = Caller(KeyPolicy(name="t", key_sha256="0" * 64, models=("a",), admin=True))
+        assert (await admin.load(LoadModelRequest(model="a"), limited))["state"] == "loaded"
+        for verb, request in ((admin.load, LoadModelRequest(model="a:v2")), (admin.pin, PinModelRequest(model="a:v2")),
+                              (admin.unload, UnloadModelRequest(model="a:v2")), (admin.load, LoadModelRequest(model="A")),
+                              (admin.load, LoadModelRequest(model="b"))):
+            with pytest.raises(APIError) as refused:
+                await verb(request, limited)
+            assert (refused.value.status, refused.value.code) == (404, "model_not_found"), request
+        assert all(job_model == "a" for job_model, _ in replicas.jobs)  # nothing reached a replica for the others
+        assert all(m.state("a:v2") == "available" for m in replicas.managers.values())
+        listing = await admin.list(PoolModelsRequest(), limited)
+        assert [c["id"] for c in listing["data"]] == ["a"]
     asyncio.run(run())

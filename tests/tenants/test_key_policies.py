@@ -36,15 +36,6 @@ def test_policies_are_found_by_the_key_they_hash() -> None:
     assert A not in GOOD  # the file holds hashes only
 
 
-def test_allowed_models_include_a_listed_bases_adapters_only() -> None:
-    a = KeyPolicies.of(parse_key_policies(GOOD)).find(A.encode())
-    assert a.allows_model("smollm2") and a.allows_model("smollm2:support")
-    assert not a.allows_model("other") and not a.allows_model("smollm2x")
-    only_adapter = a.model_copy(update={"models": ("base:one",)})
-    assert only_adapter.allows_model("base:one") and not only_adapter.allows_model("base")
-    assert not only_adapter.allows_model("base:two")
-
-
 @pytest.mark.parametrize("edit, line, words", [
     (lambda t: t.replace("    priority: high\n", "    priority: high\n    burst: 3\n"), 11, "unknown field `burst`"),
     (lambda t: t.replace("requests_per_minute: 60", "requests_per_minute: -1"), 5, "requests_per_minute"),
