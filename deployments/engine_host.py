@@ -28,6 +28,7 @@ from app.replica.local_copy import needs_fetch
 from app.replica.preparation import Preparation
 from app.observe import tracing
 from app.serving.models import LOADING, READY, ModelState
+from app.tenants.prep_pool import PREPARATION
 
 from .metrics import EngineGauges
 
@@ -149,16 +150,16 @@ class EngineHost:
             self._unstarted -= 1
 
     async def _tokenize(self, job: TokenizeJob, bounded: bool) -> list[int]:
-        return await asyncio.to_thread(self._ready_engine().tokenize, job.text, job.add_special)
+        return await PREPARATION.run("", self._ready_engine().tokenize, job.text, job.add_special)
 
     async def _count_prompt(self, job: CountPromptJob, bounded: bool) -> int:
         engine = self._ready_engine()
         if self.spec.kind != "chat":
             raise wrong_kind(self.spec.id, self.spec.kind, "chat prompts")
-        return await asyncio.to_thread(engine.count_prompt, job.prompt, job.images)
+        return await PREPARATION.run("", engine.count_prompt, job.prompt, job.images)
 
     async def _detokenize(self, job: DetokenizeJob, bounded: bool) -> str:
-        return await asyncio.to_thread(self._ready_engine().detokenize, job.tokens)
+        return await PREPARATION.run("", self._ready_engine().detokenize, job.tokens)
 
     async def _stats(self, job: StatsJob, bounded: bool) -> dict[str, Any]:
         return self.stats()

@@ -40,7 +40,8 @@ class MessageTokenCounter:
         self.limits = limits or Limits()
 
     async def count(self, req: CountTokensRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
-        spec = served_target(self.models, req.model, "chat", "/v1/messages/count_tokens").spec  # an adapter counts as its base
-        text, chat = await off_loop(self.limits, prompt_text, req, spec, self.formats[spec.id], self.limits)
-        images = await load_images(chat, self.limits)
+        spec = served_target(self.models, req.model, "chat", "/v1/messages/count_tokens",
+                             policy=caller.policy).spec  # an adapter counts as its base
+        text, chat = await off_loop(self.limits, caller, prompt_text, req, spec, self.formats[spec.id], self.limits)
+        images = await load_images(chat, self.limits, caller.tenant)
         return count_tokens_body(await prompt_count(self.tokens, spec.id, text, images))

@@ -197,17 +197,17 @@ class CompletionService:
         self.per_key_cache = per_key_cache
         self.lifecycle: Lifecycle[CompletionRequest, CompletionPlan, CompletionReply] = Lifecycle(self, observer)
 
-    def target(self, req: CompletionRequest) -> Target:
-        return served_target(self.models, req.model, "chat", "/v1/completions", req.lora)
+    def target(self, req: CompletionRequest, caller: Caller) -> Target:
+        return served_target(self.models, req.model, "chat", "/v1/completions", req.lora, caller.policy)
 
     def make_plan(self, req: CompletionRequest, spec: ModelSpec, scope: str) -> CompletionPlan:
         """The request's plan for `spec` (in a thread: pure CPU work)."""
         return plan_completion(req, spec, self.limits, scope)
 
     async def plan(self, req: CompletionRequest, caller: Caller = ANONYMOUS) -> CompletionPlan:
-        target = self.target(req)
+        target = self.target(req, caller)
         scope = cache_scope(caller, req.cache_salt, self.per_key_cache)
-        plan = await plan_off_loop(self.limits, self.make_plan, req, target.spec, scope, plan_attributes)
+        plan = await plan_off_loop(self.limits, caller, self.make_plan, req, target.spec, scope, plan_attributes)
         for gen in plan.gens:
             gen.adapters = target.adapters or gen.adapters
             gen.tenant, gen.weight = caller.tenant, caller.weight

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..tenants.prep_pool import PREPARATION
 from ..config.settings import ModelSpec, place
 from . import hardware
 from .decode_thread import DecodeThread
@@ -292,5 +293,5 @@ def finish_vector(vector: np.ndarray, dimensions: int | None, normalize: bool) -
 async def embed(engine: EmbeddingEngine, job: EmbeddingJob | RerankJob) -> EmbeddingResult | RerankResult:
     """The job's vectors (or a rerank job's scores), from asyncio: prepared in a thread (tokenizing is CPU work), then awaited. Cancelling
     the caller drops the job if the engine has not started on it."""
-    tokens = await asyncio.to_thread(engine.prepare, job)
+    tokens = await PREPARATION.run("", engine.prepare, job)
     return await asyncio.wrap_future(engine.submit(job, tokens))

@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..tenants.prep_pool import PREPARATION
 from .events import Event, Failed, Finished, Text, coalesce
 from .params import GenerationRequest
 from .protocol import GenerationEngine
@@ -144,8 +145,8 @@ class _Handoff:
 
 
 async def _prepare(engine: GenerationEngine, req: GenerationRequest, sink: Sink) -> Generation:
-    """engine.prepare (tokenizing a long prompt, parsing a grammar: CPU work) in a thread, never on the
-    event loop; an engine error for bad input."""
+    """engine.prepare (tokenizing a long prompt, parsing a grammar: CPU work) on the preparation pool in the
+    request's key's turn (app/tenants/prep_pool.py), never on the event loop; an engine error for bad input."""
     handoff = _Handoff()
 
     def work() -> None:
@@ -157,8 +158,8 @@ async def _prepare(engine: GenerationEngine, req: GenerationRequest, sink: Sink)
         engine.discard(gen)
 
     try:
-        await asyncio.to_thread(work)
-    except asyncio.CancelledError:  # the thread goes on; what it prepares is not wanted
+        await PREPARATION.run(req.tenant, work)
+    except asyncio.CancelledError:  # a started job goes on; what it prepares is not wanted
         with handoff.lock:
             handoff.abandoned = True
             gen, handoff.gen = handoff.gen, None

@@ -38,10 +38,10 @@ class GenerationCore:
         self.formats = {s.id: resolve_reply_format(s.chat_template, s.reasoning_parser, s.tool_parser)
                         for s in specs}
 
-    def target(self, model: str, route: str, lora: Any = None) -> Target:
+    def target(self, model: str, route: str, caller: Caller, lora: Any = None) -> Target:
         """The base chat model and adapters `model` (and `lora`) name: a 404 that names `route` for one not
-        configured."""
-        return served_target(self.models, model, "chat", route, lora)
+        configured or not the caller's key's to use."""
+        return served_target(self.models, model, "chat", route, lora, caller.policy)
 
     def scope(self, caller: Caller, cache_salt: str | None) -> str:
         """Where the turn's prompt may share cached prefixes: the caller's key (when per-key) and salt."""
@@ -64,10 +64,10 @@ class GenerationCore:
         """`make_plan(req, spec, scope)` (a protocol's request mapped and planned by `plan_chat`) off the event
         loop, within limits.grammar_timeout_s; then the target's adapters set and the images loaded (planning
         checked them): decoded here, so the model's replica receives pixels and never fetches anything."""
-        plan = await plan_off_loop(self.limits, make_plan, req, target.spec, scope, plan_attributes)
+        plan = await plan_off_loop(self.limits, caller, make_plan, req, target.spec, scope, plan_attributes)
         if target.adapters:
             plan.gen.adapters = target.adapters  # a continuation round copies plan.gen, adapters included
-        plan.gen.images = await load_images(plan.req, self.limits)
+        plan.gen.images = await load_images(plan.req, self.limits, caller.tenant)
         plan.gen.tenant, plan.gen.weight = caller.tenant, caller.weight
         return plan
 

@@ -45,8 +45,8 @@ def check_images(req: ChatCompletionRequest, spec: ModelSpec, limits: Limits) ->
                               param=parts[limits.max_images][0], code="too_many_images")
 
 
-async def load_images(req: ChatCompletionRequest, limits: Limits) -> list[ImageInput]:
+async def load_images(req: ChatCompletionRequest, limits: Limits, tenant: str = "") -> list[ImageInput]:
     """Every image of the request (checked by check_images), in prompt order (app/images/load.py: one after
     another, within one deadline and one decoded-bytes budget)."""
     return await image_loader.load_images([(f"{where}.image_url", value["url"]) for where, _, value in image_parts(req)],
-                                          limits)
+                                          limits, tenant)

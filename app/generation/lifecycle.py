@@ -18,18 +18,20 @@ from ..api.errors import invalid_request, timeout_error
 from ..config.settings import Limits, ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
 from ..observe.tracing import traced
+from ..tenants.prep_pool import PREPARATION
 from .adapters import Target
 from .caller import ANONYMOUS, Caller
 
 T = TypeVar("T")
 
 
-async def off_loop(limits: Limits, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` (prompt rendering, grammar building: CPU work) in a thread, within
-    limits.grammar_timeout_s: past it, a 400 `request_too_complex`."""
+async def off_loop(limits: Limits, caller: Caller, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (prompt rendering, grammar building: CPU work) on the preparation pool in the caller's key's
+    turn (app/tenants/prep_pool.py), within limits.grammar_timeout_s, waiting for a thread included: past it, a
+    400 `request_too_complex` (a job not started by then never runs)."""
     budget = limits.grammar_timeout_s
     try:
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args), budget)
+        return await asyncio.wait_for(PREPARATION.run(caller.tenant, fn, *args), budget)
     except asyncio.TimeoutError:
         raise invalid_request(f"Preparing this request (chat template, grammar) took longer than {budget:g} s "
                               f"(limits.grammar_timeout_s); simplify its tools, schema or grammar.",
@@ -120,8 +122,9 @@ class Generating(Protocol[RequestT, PlanT, ReplyT]):
     def protocol(self) -> str:
         """The name its requests are recorded under (`llamaray_requests_total{protocol=...}`)."""
 
-    def target(self, req: RequestT) -> Target:
-        """The request's base model and adapters: a 404 for a model or adapter not configured."""
+    def target(self, req: RequestT, caller: Caller) -> Target:
+        """The request's base model and adapters: a 404 for a model or adapter not configured, or not the
+        caller's to use."""
 
     async def plan(self, req: RequestT, caller: Caller) -> PlanT:
         """The request's plan; its errors are the client's and come before anything is recorded."""
@@ -137,11 +140,11 @@ class Generating(Protocol[RequestT, PlanT, ReplyT]):
         or a stream's final chunk): what the protocol keeps of it."""
 
 
-async def plan_off_loop(limits: Limits, make_plan: Callable[[Any, ModelSpec, str], PlanT], req: Any,
+async def plan_off_loop(limits: Limits, caller: Caller, make_plan: Callable[[Any, ModelSpec, str], PlanT], req: Any,
                         spec: ModelSpec, scope: str, attributes: Callable[[PlanT], dict[str, Any]]) -> PlanT:
     """`make_plan(req, spec, scope)` off the event loop (template rendering and grammar building are CPU
     work), within limits.grammar_timeout_s, in a `plan` span that says what it decided (`attributes`)."""
-    return await traced("plan", off_loop(limits, make_plan, req, spec, scope), attributes)
+    return await traced("plan", off_loop(limits, caller, make_plan, req, spec, scope), attributes)
 
 
 class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
@@ -160,7 +163,7 @@ class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
     async def complete(self, req: RequestT, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         service = self.service
         plan = await service.plan(req, caller)
-        target = service.target(req)
+        target = service.target(req, caller)
         reply = service.reply(plan, False)
         with recording(self.observer, lambda failure: self._record(target, reply, False, failure, caller)):
             async for batch in service.events(plan, reply):
@@ -175,7 +178,7 @@ class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
         and come before it), so the Ingress can answer with headers while the model is awaited."""
         service = self.service
         plan = await service.plan(req, caller)
-        target = service.target(req)
+        target = service.target(req, caller)
         reply = service.reply(plan, True)
         kept = False
         with recording(self.observer, lambda failure: self._record(target, reply, True, failure, caller)):

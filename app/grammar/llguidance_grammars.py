@@ -143,38 +143,86 @@ _BOUND = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 def _to_lark(text: str, max_expansion: int) -> str:
     """llguidance's converter (parse, resolve, write), with the expansion of each terminal part checked
-    between parsing and writing."""
+    between parsing and writing. Each step takes time linear in the grammar's size (a client's grammar is
+    prepared on a shared pool, and work that outlives its deadline holds a thread that every key needs)."""
     rules = gbnf.GrammarParser().parse(text)
-    gbnf.resolve(rules)
+    order = _mark_terminals(rules)
+    gbnf.resolve(rules)  # its own fixpoint now finds every terminal rule marked: one pass
+    sizes: dict[int, int] = {}
+    for rule in order:  # each after the rules it refers to
+        sizes[id(rule)] = _expansion(rule.alternatives, sizes, max_expansion)
     for rule in rules.values():
-        _check_expansion(rule.alternatives, max_expansion, rule.name)
+        _check_expansion(rule.alternatives, max_expansion, rule.name, sizes)
     ordered = sorted(rules.values(), key=lambda r: r.order)
     return "%llguidance {}\n\n" + "\n".join(str(r) + ("\n" if "\n" in str(r) else "") for r in ordered) + "\n"
 
 
-def _check_expansion(node: Any, limit: int, rule: str) -> None:
+def _mark_terminals(rules: dict[str, Any]) -> list[Any]:
+    """Each rule's references bound and its `rule_is_terminal` set as gbnf.resolve decides it (a rule other than
+    root whose references are all to terminal rules), by a worklist over who refers to whom: linear, where
+    resolve's own fixpoint walks every rule once per level of a chain of terminal rules (quadratic: a 64 KB
+    chain took a second). The terminal rules, each after every rule it refers to."""
+    referrers: dict[int, list[Any]] = {}
+    waiting: dict[int, int] = {}  # rule -> references to rules not (yet) terminal
+    ready = []
+    for rule in rules.values():
+        refs = [n for n in _nodes(rule.alternatives) if isinstance(n, gbnf.RuleRefNode)]
+        for ref in refs:
+            if ref.name not in rules:
+                raise ValueError(f"Rule '{ref.name}' not found")
+            ref.target = rules[ref.name]
+            referrers.setdefault(id(ref.target), []).append(rule)
+        waiting[id(rule)] = len(refs)
+        if not refs and rule.name != "root":
+            ready.append(rule)
+    order = []
+    while ready:
+        rule = ready.pop()
+        rule.rule_is_terminal = True
+        order.append(rule)
+        for referrer in referrers.get(id(rule), ()):
+            waiting[id(referrer)] -= 1
+            if waiting[id(referrer)] == 0 and referrer.name != "root":
+                ready.append(referrer)
+    return order
+
+
+def _nodes(node: Any) -> list[Any]:
+    """`node` and everything under it (within one rule: as deep as its groups nest)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children())
+    return out
+
+
+def _check_expansion(node: Any, limit: int, rule: str, sizes: dict[int, int]) -> None:
     if node.is_terminal():
-        size = _expansion(node)
+        size = _expansion(node, sizes, limit)
         if size > limit:
-            raise GrammarError(f"The grammar's rule `{'root' if rule == 'start' else rule}` stands for up to {size} "
-                               f"characters of text repeated out; at most {limit} are accepted in one terminal "
+            raise GrammarError(f"The grammar's rule `{'root' if rule == 'start' else rule}` stands for more than "
+                               f"{limit} characters of text repeated out; at most {limit} are accepted in one terminal "
                                f"part (literals and character classes with their repetitions).", "grammar_too_complex")
         return
     for child in node.children():
-        _check_expansion(child, limit, rule)
+        _check_expansion(child, limit, rule, sizes)
 
 
-def _expansion(node: Any) -> int:
-    """Characters a terminal part stands for with its repetitions written out (a class counts one)."""
+def _expansion(node: Any, sizes: dict[int, int], limit: int) -> int:
+    """Characters a terminal part stands for with its repetitions written out (a class counts one), counted up to
+    `limit + 1` at most: a referenced terminal rule counts what `sizes` holds for it (each rule counted once, so
+    rules that each refer to the next several times cost their size, not their exponential expansion)."""
+    cap = limit + 1
     if isinstance(node, gbnf.LiteralNode):
-        return max(1, len(node.value))
+        return min(cap, max(1, len(node.value)))
     if isinstance(node, gbnf.RuleRefNode):
-        return _expansion(node.target.alternatives) if node.target is not None else 1
+        return sizes.get(id(node.target), 1) if node.target is not None else 1
     if isinstance(node, gbnf.RepetitionNode):
         times = node.max_times if node.max_times is not None else node.min_times
-        return _expansion(node.node) * max(1, times)
+        return min(cap, _expansion(node.node, sizes, limit) * max(1, times))
     children = node.children()
-    return sum(_expansion(c) for c in children) if children else 1
+    return min(cap, sum(_expansion(c, sizes, limit) for c in children)) if children else 1
 
 
 def pattern_expansion(pattern: str) -> int:

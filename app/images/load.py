@@ -15,17 +15,20 @@ from ..api.errors import invalid_request, overloaded
 from ..config.settings import Limits
 from ..engine.params import ImageInput
 from .decode import DecodeBudget, decode_image
-from .pool import POOL, DecodePool
+from ..tenants.prep_pool import PoolFull, PreparationPool
+from .pool import POOL
 from .source import read_source
 
 
-async def load_image(url: str, where: str, limits: Limits) -> ImageInput:
+async def load_image(url: str, where: str, limits: Limits, tenant: str = "") -> ImageInput:
     """The image an `image_url` part names (`where`: the part's path, for errors); a 400 otherwise."""
-    return (await load_images([(where, url)], limits))[0]
+    return (await load_images([(where, url)], limits, tenant))[0]
 
 
-async def load_images(parts: Iterable[tuple[str, str]], limits: Limits, pool: DecodePool = POOL) -> list[ImageInput]:
-    """The images of (where, url) parts, in order, within one deadline and one decoded-bytes budget."""
+async def load_images(parts: Iterable[tuple[str, str]], limits: Limits, tenant: str = "",
+                      pool: PreparationPool = POOL) -> list[ImageInput]:
+    """The images of (where, url) parts, in order, within one deadline and one decoded-bytes budget, decoded in
+    the turn of the request's key (`tenant`)."""
     budget = DecodeBudget(limits)
     timeout_s = min(limits.image_decode_timeout_s, limits.request_timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -34,19 +37,23 @@ async def load_images(parts: Iterable[tuple[str, str]], limits: Limits, pool: De
         if not isinstance(url, str) or not url:
             raise invalid_request(f"`{where}` must be a URL string.", param=where, code="invalid_image_url")
         encoded = await read_source(url, where, limits)
-        future = pool.submit(decode_image, encoded, where, limits, budget)
-        if future is None:
-            raise overloaded("Too many images are waiting to be decoded; retry shortly.")
         try:
-            loaded.append(await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())))
+            job = pool.submit(tenant, decode_image, encoded, where, limits, budget)
+        except PoolFull:
+            raise overloaded("Too many images are waiting to be decoded; retry shortly.") from None
+        try:
+            loaded.append(await asyncio.wait_for(asyncio.shield(job.future), max(0.0, deadline - time.monotonic())))
         except TimeoutError:
-            if future.cancel():  # still queued behind other requests' images: the server is busy, not the image
-                raise overloaded("Too many images are waiting to be decoded; retry shortly.") from None
-            if future.done():  # finished as the deadline passed
-                loaded.append(future.result())
+            if job.future.done() and not job.future.cancelled() and job.future.exception() is None:
+                loaded.append(job.future.result())  # finished as the deadline passed
                 continue
+            if not pool.cancel(job):  # still queued behind other images: the server is busy, not the image
+                raise overloaded("Too many images are waiting to be decoded; retry shortly.") from None
             # Its decoding thread runs on to the end (scans and pixels bound it); the client does not wait.
             raise invalid_request(f"Decoding the images of this request took longer than {timeout_s:g} s "
                                   f"(limits.image_decode_timeout_s), at `{where}`.", param=where,
                                   code="image_too_complex") from None
+        except BaseException:
+            pool.cancel(job)
+            raise
     return loaded

@@ -97,9 +97,9 @@ def test_load_images_asks_the_loader_where_each_image_is(vision_spec, monkeypatc
     asked = []
     real = app.images.load_images
 
-    async def record(parts, limits):
+    async def record(parts, limits, tenant=""):
         asked.extend(where for where, _ in parts)
-        return await real(parts, limits)
+        return await real(parts, limits, tenant)
 
     monkeypatch.setattr(app.images, "load_images", record)
     req = request(vision_spec, text("a"), picture(), text("b"), picture())

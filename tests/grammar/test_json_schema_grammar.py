@@ -120,6 +120,27 @@ def test_limits_refuse_fast_and_say_where(schema, expected):
         assert part in str(info.value), str(info.value)
 
 
+def ref_dag(depth: int, fan: int, combinator: str) -> dict[str, Any]:
+    """`$defs` each naming the next `fan` times: under `allOf` llguidance merges what each `$ref` names, so the
+    schema stands for fan^depth subschemas; as properties it stays one reference each."""
+    defs: dict[str, Any] = {}
+    for i in range(depth):
+        refs = [{"$ref": f"#/$defs/d{i + 1}"}] * fan
+        defs[f"d{i}"] = {combinator: refs} if combinator == "allOf" else {
+            "type": "object", "properties": {f"p{j}": r for j, r in enumerate(refs)}, "additionalProperties": False}
+    defs[f"d{depth}"] = {"type": "string", "maxLength": 3}
+    return {"$defs": defs, "allOf": [{"$ref": "#/$defs/d0"}], "description": "as Pydantic wraps a described field"}
+
+
+def test_refs_merged_under_allof_are_counted_written_out_and_refused_in_time():
+    started = time.monotonic()
+    with pytest.raises(SchemaError, match="more than 10000 subschemas once each `\\$ref` under `allOf`"):
+        check_schema(ref_dag(12, 4, "allOf"))  # 16 million merges: 83 s of llguidance's compile
+    assert time.monotonic() - started < 1.0
+    check_schema(ref_dag(10, 4, "properties"))  # references under properties: compiled as rules, at once
+    check_grammar(from_json_schema(ref_dag(10, 4, "properties")))
+
+
 def test_limits_are_parameters():
     schema = {"type": "string", "maxLength": 11}
     schema_rules(schema, "x")

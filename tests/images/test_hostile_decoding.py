@@ -18,7 +18,7 @@ from app.engine.params import ImageInput
 from app.images import load, load_images
 from app.images.decode import decode_image
 from app.images.jpeg_scans import jpeg_scans
-from app.images.pool import DecodePool
+from app.tenants.prep_pool import PreparationPool
 from app.images.source import EncodedImage
 from tests.support.hostile_images import (bad_exif, data_url, encode, exif_with, mpo, progressive_jpeg,
                                           repeat_last_scan, solid)
@@ -84,12 +84,12 @@ def test_images_are_decoded_on_their_own_threads(monkeypatch):
     assert names and names[0].startswith("image-decode")
 
 
-def blocked_pool(monkeypatch, threads: int = 1, max_waiting: int = 4) -> tuple[DecodePool, threading.Event]:
+def blocked_pool(monkeypatch, threads: int = 1, max_waiting: int = 4) -> tuple[PreparationPool, threading.Event]:
     """A pool whose decoding waits on an event: what a slow image looks like."""
     release = threading.Event()
     real = load.decode_image
     monkeypatch.setattr(load, "decode_image", lambda *a: (release.wait(30), real(*a))[1])
-    return DecodePool(threads, max_waiting), release
+    return PreparationPool("image-decode", threads, per_key=1, max_waiting=max_waiting), release
 
 
 def test_an_image_past_the_decoding_deadline_is_too_complex_and_one_still_queued_is_overloaded(monkeypatch):
@@ -98,7 +98,7 @@ def test_an_image_past_the_decoding_deadline_is_too_complex_and_one_still_queued
     url = data_url(solid((1, 2, 3)))
 
     async def two_requests():
-        return await asyncio.gather(load_images([(WHERE, url)], limits, pool), load_images([(WHERE, url)], limits, pool),
+        return await asyncio.gather(load_images([(WHERE, url)], limits, pool=pool), load_images([(WHERE, url)], limits, pool=pool),
                                     return_exceptions=True)
     try:
         first, second = asyncio.run(two_requests())
@@ -113,11 +113,11 @@ def test_the_decoding_queue_is_bounded(monkeypatch):
     url = data_url(solid((1, 2, 3)))
 
     async def two_requests():
-        running = asyncio.create_task(load_images([(WHERE, url)], Limits(), pool))
+        running = asyncio.create_task(load_images([(WHERE, url)], Limits(), pool=pool))
         await asyncio.sleep(0)  # the first holds the only place
         try:
             with pytest.raises(APIError) as info:
-                await load_images([(WHERE, url)], Limits(), pool)
+                await load_images([(WHERE, url)], Limits(), pool=pool)
         finally:
             release.set()
         return info.value, await running
