@@ -11,7 +11,10 @@ import ray
 
 from app.serving.stream_channels import ChannelReceiver, ChannelRoute, ChannelSender
 
-from .error_mapping import to_api_error
+from app.api.errors import as_api_error
+from app.observe.refusals import is_refusal
+
+from .error_mapping import Refused, to_api_error
 from .relay import relay
 
 _receiver: ChannelReceiver | None = None
@@ -43,10 +46,18 @@ def stream_call(channels: bool, call: Callable[..., Any]) -> AsyncIterator[list[
 
 
 async def served(route: ChannelRoute | None, source: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """The callee's side: what a streaming method yields, through its caller's channel when it has a route."""
+    """The callee's side: what a streaming method yields, through its caller's channel when it has a route (its
+    failure, a refusal included, then goes in the stream's Closing). Without one, every item goes in the call, and
+    a refusal as its last item (error_mapping.Refused), not as the call's exception."""
     if route is None:  # a caller without a channel (stream_channels: false): every item in the call
-        async for batch in source:
-            yield batch
+        try:
+            async for batch in source:
+                yield batch
+        except Exception as exc:
+            api = as_api_error(exc)
+            if api is None or not is_refusal(api):
+                raise
+            yield Refused(api)
         return
     async for item in sender().serve(route, source):
         yield item

@@ -20,7 +20,7 @@ from app.serving.stream_channels import ChannelRoute
 from app.serving.traced_models import traced_models
 
 from .channels import channel_info, served, stream_call
-from .error_mapping import call_mapped
+from .error_mapping import answered, call_mapped
 from .handles import StreamHop, unary
 from .metrics import RayRequestObserver
 from .models import RemoteModels
@@ -53,8 +53,8 @@ class ChatProcessor:
                                    tenancy=tenancy(auth), pool_replicas=pool_replicas)
 
     # The two verbs, whatever the request asks: Processor dispatches on its type, so a new route adds nothing here.
-    async def respond(self, request: Any, caller: Caller) -> dict[str, Any]:
-        return await self.processor.respond(request, caller)
+    async def respond(self, request: Any, caller: Caller) -> Any:
+        return await answered(self.processor.respond(request, caller))
 
     async def stream(self, request: Any, caller: Caller,
                      route: ChannelRoute | None = None) -> AsyncIterator[list[dict[str, Any]]]:

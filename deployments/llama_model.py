@@ -18,6 +18,7 @@ from app.serving.stream_channels import ChannelRoute
 from . import model_status
 from .channels import channel_info, served
 from .engine_host import EngineHost
+from .error_mapping import answered
 from .replica import replica_info, start_replica
 
 
@@ -50,7 +51,7 @@ class LlamaModel:
 
     async def run(self, job: Job[Any]) -> Any:
         """Any other job (app/engine/jobs.py), answered by EngineHost by its type."""
-        return await self.host.run(job)
+        return await answered(self.host.run(job))
 
     def replica_info(self) -> dict[str, Any]:
         return {**replica_info(), **self.host.info(), "health_checks": self._health_checks, "channels": channel_info()}

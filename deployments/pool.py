@@ -31,6 +31,7 @@ from app.serving.stream_channels import ChannelRoute
 from . import pool_status
 from .channels import served
 from .engine_host import EngineHost
+from .error_mapping import answered
 from .metrics import PoolMetrics
 from .replica import replica_info, start_replica
 
@@ -155,7 +156,11 @@ class LlamaPool:
             raise
 
     async def run(self, job: Job[Any]) -> Any:
-        """Any other job (app/engine/jobs.py) for the model the request names, loading it first when cold."""
+        """Any other job (app/engine/jobs.py) for the model the request names, loading it first when cold (a
+        refusal answered as a value: error_mapping.answered)."""
+        return await answered(self._run(job))
+
+    async def _run(self, job: Job[Any]) -> Any:
         if isinstance(job, PoolJob):  # an admin job names its replica (deployments/prefix_router.py PoolAffinityRouter sends it there)
             if job.replica is not None and job.replica != self._where[2]:
                 raise service_unavailable(f"pool replica {job.replica} is gone", code=REPLICA_GONE)

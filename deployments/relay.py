@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .error_mapping import to_api_error
+from .error_mapping import Refused, to_api_error
 
 
 async def relay(start: Callable[[], Any]) -> AsyncIterator[Any]:
@@ -17,6 +17,8 @@ async def relay(start: Callable[[], Any]) -> AsyncIterator[Any]:
     try:
         response = start()
         async for item in response:
+            if isinstance(item, Refused):  # the callee's refusal, sent as its last item (channels.served)
+                raise item.error
             yield item
     except Exception as exc:  # noqa: BLE001 - every failure becomes an APIError
         raise to_api_error(exc) from None

@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route as StarletteRoute
 
 from ..observe import tracing
+from ..observe.refusals import RefusalLog, is_refusal
 from .auth import KeyChecker
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware, BrowserPolicy, check_json_content_type
 from ..api import strict_json
@@ -35,7 +36,9 @@ from ..generation.caller import ANONYMOUS, Caller
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
+from ..serving.reply_headers import WithHeaders, split_headers
 from .routes import TABLE, ErrorShape, Route, RouteTable
+from ..tenants.access import may_use
 from ..tenants.policies import KeyPolicy
 from .sse import SSE_HEADERS, SSEDialect, frame_stream
 
@@ -66,6 +69,12 @@ class ModelCard:
     kind: str | None = None  # chat, embedding or rerank: which routes take it
     max_model_len: int | None = None  # its context, in tokens (vLLM's name for it)
 
+    def allowed(self, policy: KeyPolicy | None) -> bool:
+        """Whether the key's policy lets it use (and see) this model: tenants/access.py's one check."""
+        if self.parent is None:
+            return may_use(policy, self.id)
+        return may_use(policy, self.parent, ((self.id[len(self.parent) + 1:], 1.0),))
+
     def to_dict(self) -> dict[str, Any]:
         card = {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}
         if self.kind is not None:
@@ -79,31 +88,63 @@ class ModelCard:
         return card
 
 
-def log_server_error(exc: BaseException) -> None:
-    """Every 5xx the server sends, in its log once: an unexpected exception with its traceback, an APIError
-    (a condition: overloaded, timeout, a replica gone) as one line, unless it was logged where it was made."""
+REFUSALS = RefusalLog()
+"""This process's refusals, one INFO line each (rate-limited per key and kind: app/observe/refusals.py)."""
+
+
+def log_error(exc: BaseException, scope: Any = None) -> None:
+    """Every error the server answers with, in its log once: a refusal it chose (a 4xx, a busy 503) as one INFO
+    line with the request id and key name (REFUSALS); an unexpected exception with its traceback; another APIError
+    (a condition: a timeout, a replica gone) as one WARNING line, unless it was logged where it was made."""
     api = as_api_error(exc)
     if api is None:
         log.error("unhandled error: %r", exc, exc_info=exc)
+    elif is_refusal(api):
+        if scope is not None and not api.logged:
+            REFUSALS.refused(api, request_id=request_id_of(scope), tenant=tenant_of(scope), route=route_path(scope))
+            api.logged = True
     elif api.status >= 500 and not api.logged:
         log.warning("%d %s: %s", api.status, api.code, api.message)
         api.logged = True
 
 
+def request_id_of(scope: Any) -> str:
+    """The request's id as Ray Serve and HAProxy set it (`x-request-id`, also sent back to the client)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"x-request-id":
+            return value.decode("latin-1")[:64]
+    return ""
+
+
+def tenant_of(scope: Any) -> str:
+    """The name of the key the request carried (never the key), as the key middleware found it."""
+    policy = scope.get("state", {}).get(POLICY_STATE)
+    return policy.name if policy is not None else ""
+
+
 PoolStates = Callable[[], Awaitable[dict[str, str]]]
 """Each pooled model's state (loaded, loading, available), for /v1/models."""
 
-def error_response(exc: BaseException, shape: ErrorShape = error_body) -> JSONBody:
+def error_response(exc: BaseException, shape: ErrorShape = error_body, scope: Any = None) -> JSONBody:
+    """The error's body in the protocol's `shape`, with its status and headers; logged (`scope`: the request's,
+    which says who was refused)."""
     status, body = shape(exc)
-    log_server_error(exc)
+    log_error(exc, scope)
     api = as_api_error(exc)
     return JSONBody(body, status_code=status, headers=api.headers if api else None)
 
 
-def error_event(exc: BaseException, shape: ErrorShape = error_body) -> dict[str, Any]:
+def error_event(exc: BaseException, shape: ErrorShape = error_body, scope: Any = None) -> dict[str, Any]:
     """The error event that ends a stream already under way."""
-    log_server_error(exc)
+    log_error(exc, scope)
     return shape(exc)[1]
+
+
+def json_answer(answer: Any) -> JSONBody:
+    """A whole answer of the processing: a body, or a body with the headers it goes out with (WithHeaders)."""
+    if isinstance(answer, WithHeaders):
+        return JSONBody(answer.body, headers=answer.headers)
+    return JSONBody(answer)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -201,30 +242,31 @@ class Endpoints:
             req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)), request)
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
-                return JSONBody(await self.processing.respond(req, caller))
+                return json_answer(await self.processing.respond(req, caller))
             framing = route.framing()
-            events, first = await self._open_stream(self.processing.stream(req, caller))
+            events, first, headers = await self._open_stream(self.processing.stream(req, caller))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors)
+            return error_response(exc, route.errors, request.scope)
+        scope = request.scope
         return StreamingResponse(_sse(first, events, framing.dialect,
-                                      lambda exc: framing.error_event(error_event(exc, route.errors))),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+                                      lambda exc: framing.error_event(error_event(exc, route.errors, scope))),
+                                 media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
     async def answer(self, request: Request, route: Route) -> Response:
         """A route answered whole (embeddings, rerank, token counts, /tokenize...)."""
         try:
             req = self._checked(route.read(await _read_json(request, self.settings.max_body_bytes)), request)
-            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+            return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors)
+            return error_response(exc, route.errors, request.scope)
 
     async def from_path(self, request: Request, route: Route) -> Response:
         """A route whose request is its path (GET and DELETE /v1/responses/{id}: the caller's stored response)."""
         try:
             req = route.parse(request)
-            return JSONBody(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+            return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors)
+            return error_response(exc, route.errors, request.scope)
 
     def admits(self, request: Request, route: Route) -> bool:
         """Whether the caller may call the route: an admin route is an admin key's (KeyPolicy.admin), or anyone's
@@ -234,12 +276,14 @@ class Endpoints:
         policy = policy_of(request)
         return policy is not None and policy.admin
 
-    async def _open_stream(self, events: AsyncIterator[Any]) -> tuple[AsyncIterator[Any], list[dict] | Tick]:
-        """The stream and its first output, pulled before answering so that errors found before it
-        keep their HTTP status. The backend's first item comes once planning is done (the client's
-        errors: 400); then the model's first batch is awaited for HEADER_GRACE_S at most (less with
-        a shorter keep-alive) before the headers go out with a keep-alive, whatever the queue."""
-        first = await anext(events)
+    async def _open_stream(self, events: AsyncIterator[Any]
+                           ) -> tuple[AsyncIterator[Any], list[dict] | Tick, dict[str, str]]:
+        """The stream, its first output and the headers it goes out with, pulled before answering so that
+        errors found before it keep their HTTP status. The backend's first item comes once planning is done (the
+        client's errors: 400), led by the key's rate-limit headers when it has limits (StreamHeaders); then the
+        model's first batch is awaited for HEADER_GRACE_S at most (less with a shorter keep-alive) before the
+        headers go out with a keep-alive, whatever the queue."""
+        headers, first = split_headers(await anext(events))
         interval = self.settings.stream_keepalive_s
         if interval > 0:
             events = with_ticks(events, interval, first_s=min(interval, HEADER_GRACE_S))
@@ -248,7 +292,7 @@ class Endpoints:
                 first = await anext(events)
             except StopAsyncIteration:
                 break
-        return events, first
+        return events, first, headers
 
     def _checked(self, req: Any, request: Request) -> Any:
         """The checks that need the server, not a model: message count, model name (one the key may use: any
@@ -257,7 +301,8 @@ class Endpoints:
         if len(messages) > self.settings.max_messages:
             raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
                                   f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
-        if req.model not in self.cards or not _allowed(policy_of(request), req.model):
+        card = self.cards.get(req.model)
+        if card is None or not card.allowed(policy_of(request)):
             raise model_not_found(req.model)
         if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
@@ -267,12 +312,13 @@ class Endpoints:
         """The models the caller's key may use, each with its state."""
         states, policy = await self._pool_states(), policy_of(request)
         return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()
-                                                    if _allowed(policy, c.id)]})
+                                                    if c.allowed(policy)]})
 
     async def get_model(self, request: Request, route: Route) -> Response:
         model_id = request.path_params["model_id"]
-        if model_id not in self.cards or not _allowed(policy_of(request), model_id):
-            return error_response(model_not_found(model_id))
+        card = self.cards.get(model_id)
+        if card is None or not card.allowed(policy_of(request)):
+            return error_response(model_not_found(model_id), scope=request.scope)
         return JSONBody(_with_state(self.cards[model_id], await self._pool_states()))
 
     async def _pool_states(self) -> dict[str, str]:
@@ -288,10 +334,6 @@ class Endpoints:
 
     async def openapi(self, request: Request, route: Route) -> Response:
         return JSONBody(self.spec)
-
-
-def _allowed(policy: KeyPolicy | None, model_id: str) -> bool:
-    return policy is None or policy.allows_model(model_id)
 
 
 def _with_state(card: ModelCard, pool_states: dict[str, str]) -> dict[str, Any]:
@@ -328,21 +370,23 @@ def _http_error(table: RouteTable) -> Callable[[Request, HTTPException], Awaitab
     async def handle(request: Request, exc: HTTPException) -> Response:
         shape = table.error_shape(route_path(request.scope))
         if exc.status_code == 404:
-            return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"), shape)
+            return error_response(not_found(f"Unknown path: {request.method} {request.url.path}"), shape,
+                                  request.scope)
         if exc.status_code == 405:
             return error_response(APIError(f"Method {request.method} is not allowed on {request.url.path}.",
                                            status=405, type="invalid_request_error", code="method_not_allowed",
-                                           headers=dict(exc.headers or {})), shape)
-        return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape)
+                                           headers=dict(exc.headers or {})), shape, request.scope)
+        return error_response(APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error"), shape,
+                              request.scope)
     return handle
 
 
 def _refusal(table: RouteTable) -> Callable[[APIError, Any], Response]:
-    return lambda error, scope: error_response(error, table.error_shape(route_path(scope)))
+    return lambda error, scope: error_response(error, table.error_shape(route_path(scope)), scope)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return error_response(exc)
+    return error_response(exc, scope=request.scope)
 
 
 def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Awaitable[Response]]:
@@ -351,7 +395,7 @@ def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Aw
         route = lines["GET" if request.method == "HEAD" else request.method]
         if not api.admits(request, route):
             return error_response(forbidden(f"{route.method} {route.path} is an admin route: the API key used has no "
-                                            "`admin: true` in the keys file."), route.errors)
+                                            "`admin: true` in the keys file."), route.errors, request.scope)
         return await getattr(api, route.handler.value)(request, route)
     return endpoint
 
@@ -411,7 +455,7 @@ class APIKeyMiddleware:
                                        headers.get(b"x-api-key", b"").decode("latin-1"))
             path = route_path(scope)
             if found is None and path not in OPEN_PATHS:
-                await error_response(unauthorized(), self.error_shape(path))(scope, receive, send)
+                await error_response(unauthorized(), self.error_shape(path), scope)(scope, receive, send)
                 return
             state = scope.setdefault("state", {})
             state[CALLER_STATE] = Caller.with_key(*found) if found is not None else None

@@ -19,6 +19,7 @@ from ..observe.request_records import RequestObserver, RequestRecord
 from ..tenants.gate import TenantGate, Ticket
 from ..tenants.headers import anthropic_headers, openai_headers
 from ..tenants.ledger import Usage, Verdict
+from .reply_headers import StreamHeaders, WithHeaders
 
 # OpenAI's 429 bodies: a rate limit is `rate_limit_exceeded` of type `requests` or `tokens`; a spent budget is
 # `insufficient_quota` (the SDK does not retry it: it will not pass in seconds).
@@ -48,6 +49,13 @@ class NoEvents:
         pass
 
 
+def _limit_headers(ticket: Ticket | None, protocol: str) -> dict[str, str]:
+    """An admitted request's rate-limit headers in its protocol's names (none for a key without rate limits)."""
+    if ticket is None or not ticket.verdict.limits:
+        return {}
+    return anthropic_headers(ticket.verdict) if protocol == "messages" else openai_headers(ticket.verdict)
+
+
 def rate_limited(verdict: Verdict, protocol: str) -> APIError:
     """The 429 of a refused request, with the headers its protocol's SDK reads before retrying (Anthropic's
     `anthropic-ratelimit-*` on Messages; OpenAI's `x-ratelimit-*` elsewhere; `retry-after` on both)."""
@@ -75,21 +83,28 @@ class Tenancy:
         return ticket
 
     async def admitted(self, caller: Caller, protocol: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        """`work()`'s answer once admitted, with the key's rate-limit headers when it has limits (WithHeaders)."""
         ticket = await self._admit(caller, protocol)
         try:
-            return await work()
+            body = await work()
         finally:
             if ticket is not None:
                 await self.gate.finish(ticket)
+        headers = _limit_headers(ticket, protocol)
+        return WithHeaders(body, headers) if headers else body
 
     async def streamed(self, caller: Caller, protocol: str,
                        events: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
         """The stream's events once admitted (a refusal is raised before its first item, so the HTTP layer
-        answers it with its status and headers); its ticket settled when it ends or is closed."""
+        answers it with its status and headers), its first batch led by the key's rate-limit headers when it has
+        limits (StreamHeaders); its ticket settled when it ends or is closed."""
         ticket = await self._admit(caller, protocol)
+        headers = _limit_headers(ticket, protocol)
         source = events()
         try:
             async for item in source:
+                if headers:
+                    item, headers = [StreamHeaders(headers), *item], None
                 yield item
         finally:
             # Closed first: its record (what it used so far) is made as it closes, before the settle.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 
-from .ledger import Limit, Verdict
+from .ledger import Verdict
 
 
 def duration(seconds: float) -> str:
@@ -52,8 +52,3 @@ def _retry(verdict: Verdict) -> dict[str, str]:
 
 def _rfc3339(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(t)))
-
-
-def limit_headers(limits: dict[str, Limit]) -> dict[str, str]:
-    """The headers of an admitted request (OpenAI's names), so clients can pace themselves."""
-    return openai_headers(Verdict(True, limits=limits))

@@ -355,24 +355,33 @@ def test_get_unknown_model_404(client):
     assert_error(client.get("/v1/models/nope"), 404, code="model_not_found", param="model")
 
 
-def test_every_5xx_is_logged_once_with_its_cause(client, backend, caplog):
+def test_every_failure_is_logged_once_with_its_cause_and_refusals_as_one_info_line(client, backend, caplog):
     import logging
     import pickle
 
-    caplog.set_level(logging.WARNING, logger="llamaray.server")
-    backend.complete_result = APIError("busy", status=503, type="server_error", code="overloaded")
-    client.post(URL, json=BODY)
+    from app.http import server
+
+    server.REFUSALS._last.clear()
+    caplog.set_level(logging.INFO, logger="llamaray")
+    backend.complete_result = APIError("busy", status=503, type="server_error", code="overloaded")  # busy: refused
+    client.post(URL, json=BODY, headers={"x-request-id": "req-1"})
     backend.complete_result = RuntimeError("secret internal detail")
     client.post(URL, json=BODY)
     backend.complete_result = pickle.loads(pickle.dumps(APIError("decode failed", status=500, code="internal_error",
                                                                   logged=True)))  # logged where it was made
     client.post(URL, json=BODY)
-    backend.complete_result = invalid_request("bad")  # a 4xx: the client's, not the server's
+    backend.complete_result = APIError("timed out", status=504, type="server_error", code="timeout")
     client.post(URL, json=BODY)
-    records = [r for r in caplog.records if r.name == "llamaray.server"]
-    assert [r.levelname for r in records] == ["WARNING", "ERROR"]
-    assert "503 overloaded: busy" in records[0].getMessage()
-    assert records[1].exc_info and "secret internal detail" in repr(records[1].exc_info[1])
+    backend.complete_result = invalid_request("bad", code="invalid_value")  # a 4xx: the client's, not the server's
+    client.post(URL, json=BODY)
+    records = [(r.name, r.levelname) for r in caplog.records]
+    assert records == [("llamaray.refusals", "INFO"), ("llamaray.server", "ERROR"), ("llamaray.server", "WARNING"),
+                       ("llamaray.refusals", "INFO")]
+    assert "refused 503 overloaded: request req-1" in caplog.records[0].getMessage()
+    assert caplog.records[1].exc_info and "secret internal detail" in repr(caplog.records[1].exc_info[1])
+    assert "504 timeout: timed out" in caplog.records[2].getMessage()
+    assert "refused 400 invalid_value" in caplog.records[3].getMessage()
+    assert not any(r.exc_info for r in caplog.records if r.name == "llamaray.refusals")
 
 
 def test_a_5xx_ending_a_stream_is_logged_too(client, backend, caplog):

@@ -11,6 +11,7 @@ import pytest
 from app.api.errors import APIError
 from app.generation.caller import ANONYMOUS, Caller
 from app.observe.request_records import NullObserver, RequestRecord
+from app.serving.reply_headers import WithHeaders, split_headers
 from app.serving.tenancy import Tenancy, rate_limited
 from app.tenants.gate import InProcessLedger, TenantGate
 from app.tenants.ledger import Ledger, Verdict, Limit
@@ -46,8 +47,12 @@ class Setup:
 def test_a_key_past_its_rate_gets_a_429_with_openai_headers_and_nothing_runs() -> None:
     async def run():
         s, caller = Setup(), Caller(key_id="x", policy=TWO_A_MINUTE)
-        for _ in range(2):
-            assert await s.tenancy.admitted(caller, "chat", s.work(caller)) == {"ok": True}
+        for remaining in ("1", "0"):  # an admitted answer carries the key's rate-limit state too
+            answer = await s.tenancy.admitted(caller, "chat", s.work(caller))
+            assert isinstance(answer, WithHeaders) and answer.body == {"ok": True}
+            assert answer.headers["x-ratelimit-limit-requests"] == "2"
+            assert answer.headers["x-ratelimit-remaining-requests"] == remaining
+            assert "retry-after" not in answer.headers
         ran = []
         with pytest.raises(APIError) as refused:
             await s.tenancy.admitted(caller, "chat", lambda: ran.append(1))
@@ -97,7 +102,9 @@ def test_a_stream_is_refused_before_its_first_item_and_settled_when_closed_early
                 closed.append(True)
 
         stream = s.tenancy.streamed(caller, "chat", events)
-        assert await anext(stream) == []
+        headers, first = split_headers(await anext(stream))  # the "accepted" batch, led by the key's limits
+        assert first == [] and headers["x-ratelimit-remaining-requests"] == "1"
+        assert await anext(stream) == [{"delta": "a"}]
         await stream.aclose()  # the client went away after the first item
         assert closed == [True]
         report = s.report()["two"]
