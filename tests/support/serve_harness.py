@@ -63,6 +63,13 @@ TENANT_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     "rate-anthropic": ("sk-test-rana-" + "n" * 20, {"requests_per_minute": 1}),
     "budget": ("sk-test-budg-" + "g" * 20, {"token_budget": {"tokens": 1, "per": "day"}}),
     "admin": ("sk-test-admn-" + "m" * 20, {"admin": True}),
+    # What a key may reach (app/tenants/access.py): the base model alone; one adapter alone.
+    "base-only": ("sk-test-base-" + "o" * 20, {"models": [MODEL]}),
+    "one-adapter": ("sk-test-adpt-" + "p" * 20, {"models": [f"{MODEL}:a1"]}),
+    # Refusals in the logs: one request a minute, then a flood of 429s.
+    "flood": ("sk-test-fld-" + "f" * 20, {"requests_per_minute": 1}),
+    # Rate-limit headers on answers that were admitted.
+    "paced": ("sk-test-pace-" + "c" * 20, {"requests_per_minute": 10000, "tokens_per_minute": 10000000}),
 }
 
 
