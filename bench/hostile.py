@@ -12,11 +12,16 @@ four hostile requests arrive together:
 - `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot;
 - `image_bomb_<k>` (`--image-bombs K`, for a model with a projector): K chat requests of
   `--images-per-bomb` progressive JPEGs each, 2048x2048 with the last scan repeated 1,500 times (~60 kB
-  that decode for seconds each: bench/image_bombs.py). `--only image_bomb` sends only those.
+  that decode for seconds each: bench/image_bombs.py). `--only image_bomb` sends only those;
+- `dag_grammar_<k>` (`--dag-grammars K`): K chat requests whose ~320-byte GBNF has rules that each refer to
+  the next four times (4^14 terminal parts written out): work that, expanded, would hold a planning thread for
+  minutes after the request's refusal. `--only dag_grammar` sends only those.
 
-Prints the streams' inter-chunk gaps (p50, p99, max; during the hostile requests, at least
-`--min-window` seconds from their arrival, and over the whole run) and each hostile request's HTTP
-status, error code and time, and writes them as JSON with `--out`.
+The hostile requests go with `--hostile-api-key` when given (another key than the streams': on a server with
+keys, what one key sends must not cost the others). Prints the streams' inter-chunk gaps (p50, p99, max; during
+the hostile requests, at least `--min-window` seconds from their arrival, and over the whole run), the time to
+first token of the streams that started in that window against those that did not, and each hostile request's
+HTTP status, error code and time (the repeated ones summed up), and writes them as JSON with `--out`.
 Target: inter-chunk p99 under 250 ms (FAIL printed next to a miss). Exits 1 when a stream failed.
 Nothing is started here: point it at a running server.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,6 +87,18 @@ def big_grammar(max_bytes: int = 60_000, alternatives: int = 60) -> str:
     return "root ::= " + " ".join(f"r{k}" for k in range(len(rules))) + "\n" + "\n".join(rules)
 
 
+def dag_grammar(depth: int = 14, fan: int = 4) -> str:
+    """Rules that each refer to the next `fan` times: small to send, fan^depth terminal parts written out."""
+    rules = ["root ::= r0"] + [f"r{i} ::= " + " ".join([f"r{i + 1}"] * fan) for i in range(depth)]
+    return "\n".join(rules + [f'r{depth} ::= "ab"'])
+
+
+def dag_grammars(model: str, count: int) -> list[Hostile]:
+    return [Hostile(f"dag_grammar_{k}", "/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Pick a word."}], "max_tokens": 8,
+        "grammar": dag_grammar()}) for k in range(count)]
+
+
 def image_bombs(model: str, count: int, per_request: int) -> list[Hostile]:
     bomb = {"type": "image_url", "image_url": {"url": scan_bomb_url()}}
     return [Hostile(f"image_bomb_{k}", "/chat/completions", {
@@ -89,8 +107,9 @@ def image_bombs(model: str, count: int, per_request: int) -> list[Hostile]:
 
 
 def hostile_requests(model: str, n: int, message_bytes: int, image_count: int = 0,
-                     images_per_request: int = 1, only: str | None = None) -> list[Hostile]:
-    hostile = text_bombs(model, n, message_bytes) + image_bombs(model, image_count, images_per_request)
+                     images_per_request: int = 1, only: str | None = None, grammar_count: int = 0) -> list[Hostile]:
+    hostile = (text_bombs(model, n, message_bytes) + image_bombs(model, image_count, images_per_request)
+               + dag_grammars(model, grammar_count))
     return [h for h in hostile if only is None or h.name.startswith(only)]
 
 
@@ -111,10 +130,10 @@ def text_bombs(model: str, n: int, message_bytes: int) -> list[Hostile]:
     ]
 
 
-async def send(client: httpx.AsyncClient, base_url: str, h: Hostile) -> None:
+async def send(client: httpx.AsyncClient, base_url: str, h: Hostile, headers: dict[str, str]) -> None:
     h.sent = time.perf_counter()
     try:
-        resp = await client.post(v1(base_url, h.path), json=h.body)
+        resp = await client.post(v1(base_url, h.path), json=h.body, headers=headers)
         h.status = resp.status_code
         if resp.status_code != 200:
             try:
@@ -150,6 +169,15 @@ def gaps_between(results: list[RequestResult], t0: float | None = None, t1: floa
     return out
 
 
+def ttfts(results: list[RequestResult], t0: float, t1: float) -> tuple[list[float], list[float]]:
+    """Times to first token of the streams that started within [t0, t1] (perf_counter), and of the others."""
+    inside, outside = [], []
+    for r in results:
+        if r.ttft_s is not None:
+            (inside if t0 <= r.start <= t1 else outside).append(r.ttft_s)
+    return inside, outside
+
+
 def dist_ms(gaps: list[float]) -> dict[str, Any]:
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 1)
@@ -159,6 +187,8 @@ def dist_ms(gaps: list[float]) -> dict[str, Any]:
 
 async def run(ns: argparse.Namespace) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
+    hostile_key = ns.hostile_api_key or ns.api_key
+    hostile_headers = {"Authorization": f"Bearer {hostile_key}"} if hostile_key else {}
     timeout = httpx.Timeout(ns.timeout, connect=10.0)
     limits = httpx.Limits(max_connections=STREAMS + 8, max_keepalive_connections=STREAMS + 8)
     streams = Streams()
@@ -167,9 +197,10 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
         workers = [asyncio.create_task(stream_worker(client, url, ns.model, k, ns.max_tokens, streams))
                    for k in range(STREAMS)]
         await asyncio.sleep(ns.warmup)  # the streams are under way
-        hostile = hostile_requests(ns.model, ns.n, ns.message_bytes, ns.image_bombs, ns.images_per_bomb, ns.only)
+        hostile = hostile_requests(ns.model, ns.n, ns.message_bytes, ns.image_bombs, ns.images_per_bomb, ns.only,
+                                   ns.dag_grammars)
         t0 = time.perf_counter()
-        await asyncio.gather(*(send(client, ns.url, h) for h in hostile))
+        await asyncio.gather(*(send(client, ns.url, h, hostile_headers) for h in hostile))
         # Refused requests end in milliseconds: the window is at least --min-window, so it holds gaps.
         t1 = max(time.perf_counter(), t0 + ns.min_window)
         await asyncio.sleep(t1 - time.perf_counter() + ns.after)
@@ -177,9 +208,11 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*workers)
     failed = [r for r in streams.results if not r.ok]
     during = dist_ms(gaps_between(streams.results, t0, t1))
+    ttft_inside, ttft_outside = ttfts(streams.results, t0, t1)
     return {"url": ns.url, "model": ns.model, "streams": STREAMS, "stream_requests": len(streams.results),
             "stream_failures": [{"outcome": r.outcome, "error": r.error} for r in failed],
             "gaps_during_hostile": during, "gaps_all": dist_ms(gaps_between(streams.results)),
+            "ttft_during_hostile": dist_ms(ttft_inside), "ttft_otherwise": dist_ms(ttft_outside),
             "hostile_window_s": round(t1 - t0, 3), "hostile": [h.report() for h in hostile],
             "target_p99_ms": TARGET_P99_S * 1000,
             "met": during["p99_ms"] is not None and during["p99_ms"] < TARGET_P99_S * 1000 and not failed}
@@ -194,10 +227,26 @@ def print_report(rep: dict[str, Any]) -> None:
           f"target p99 < {rep['target_p99_ms']:.0f} ms{verdict}")
     print(f"inter-chunk gaps over the whole run: p50 {whole['p50_ms']} ms, p99 {whole['p99_ms']} ms, "
           f"max {whole['max_ms']} ms (n={whole['n']})")
-    for h in rep["hostile"]:
-        print(f"  {h['name']:<14} HTTP {h['status']}  {h['code'] or '':<26} {h['seconds']:>7.2f} s  {h['error'] or ''}")
+    inside, outside = rep["ttft_during_hostile"], rep["ttft_otherwise"]
+    print(f"time to first token of streams started while the hostile requests ran: p50 {inside['p50_ms']} ms, "
+          f"p99 {inside['p99_ms']} ms (n={inside['n']}); of the others: p50 {outside['p50_ms']} ms, "
+          f"p99 {outside['p99_ms']} ms (n={outside['n']})")
+    for (name, _, _), group in grouped(rep["hostile"]).items():
+        h, n = group[0], len(group)
+        slowest = max(g["seconds"] for g in group)
+        label = f"{name} x{n}" if n > 1 else name
+        print(f"  {label:<18} HTTP {h['status']}  {h['code'] or '':<26} {slowest:>7.2f} s{' (slowest)' if n > 1 else ''}"
+              f"  {h['error'] or ''}")
     for f in rep["stream_failures"][:5]:
         print(f"  stream failed: {f['outcome']}: {f['error']}")
+
+
+def grouped(reports: list[dict[str, Any]]) -> dict[tuple[str, Any, Any], list[dict[str, Any]]]:
+    """Hostile requests by kind (`dag_grammar_7` is a `dag_grammar`) and answer (status, code)."""
+    out: dict[tuple[str, Any, Any], list[dict[str, Any]]] = {}
+    for h in reports:
+        out.setdefault((re.sub(r"_\d+$", "", h["name"]), h["status"], h["code"]), []).append(h)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -212,6 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-bombs", type=int, default=0,
                    help="chat requests carrying slow-to-decode JPEGs (the model needs a projector)")
     p.add_argument("--images-per-bomb", type=int, default=2, help="JPEGs in each image bomb request")
+    p.add_argument("--dag-grammars", type=int, default=0,
+                   help="chat requests whose grammar's rules each refer to the next several times")
+    p.add_argument("--hostile-api-key", default=None, help="the key the hostile requests use (default: --api-key)")
     p.add_argument("--only", default=None, help="send only the hostile requests whose name starts with this")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of streaming before the hostile requests")
     p.add_argument("--min-window", type=float, default=0.0,

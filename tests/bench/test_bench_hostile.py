@@ -53,3 +53,24 @@ def test_image_bombs_are_jpegs_within_the_limits_that_the_server_refuses_by_thei
     with pytest.raises(APIError) as info:
         asyncio.run(load_image(parts[1]["image_url"]["url"], "p", limits))
     assert info.value.code == "image_too_complex"
+
+
+def test_dag_grammars_are_small_and_refused_by_the_servers_limits():
+    import pytest
+
+    from app.api.errors import APIError
+    from app.generation.plan import client_gbnf
+    from bench.hostile import grouped, ttfts
+
+    bombs = hostile_requests("m", 16, 1000, only="dag_grammar", grammar_count=100)
+    assert len(bombs) == 100 and bombs[0].name == "dag_grammar_0" and bombs[99].name == "dag_grammar_99"
+    grammar = bombs[0].body["grammar"]
+    assert len(grammar) < 400
+    with pytest.raises(APIError) as info:
+        client_gbnf(grammar, Limits())
+    assert info.value.code == "grammar_too_complex"
+    reports = [{"name": b.name, "status": 400, "code": "grammar_too_complex", "seconds": 0.01} for b in bombs]
+    assert list(grouped(reports)) == [("dag_grammar", 400, "grammar_too_complex")]
+    inside = RequestResult(index=0, prompt_index=0, start=5.0, ttft_s=0.2)
+    outside = RequestResult(index=1, prompt_index=0, start=1.0, ttft_s=0.1)
+    assert ttfts([inside, outside], 4.0, 6.0) == ([0.2], [0.1])
