@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..tenants.prep_pool import PREPARATION
-from ..config.settings import ModelSpec, place
+from ..config.spec import ModelSpec, place
 from . import hardware
 from .decode_thread import DecodeThread
 from .errors import EngineError, bad_input, internal

@@ -1,33 +1,25 @@
-"""Continuous batching over llama.cpp sequence slots, driven by one background thread.
+"""Continuous batching over llama.cpp sequence slots, driven by one background thread: the loop.
 
-Each step decodes one batch that holds the next token of every generating sequence plus
-chunks of newly admitted prompts, then samples each sequence with its own sampler chain.
-Requests join and leave between steps; a finished, failed or cancelled request frees its slot
-at once. A free slot keeps its tokens' KV so a later prompt with the same prefix reuses it.
+Each step decodes one batch that holds the next token of every generating sequence plus chunks of newly admitted
+prompts, then samples each sequence with its own sampler chain. Requests join and leave between steps; a
+finished, failed or cancelled request frees its slot at once. A free slot keeps its tokens' KV so a later prompt
+with the same prefix reuses it.
 
-The lock guards only the queue (waiting requests, cancellations, closing): `submit`, `cancel` and
-`stats` never wait for slow work. A request's slow setup (tokenizing, its sampler chains with their
-grammar) is done by `prepare`, on the caller's thread, before it is queued; the decode thread takes
-waiting requests out under the lock and places them in the KV (copies, prompt-cache restores and
-saves) after releasing it. Slots belong to the decode thread alone.
+The lock guards only the queue (waiting requests, cancellations, closing): `submit`, `cancel` and `stats` never
+wait for slow work. A request's slow setup (its checks and tokens: intake.py; its sampler chains with their
+grammar) is done by `prepare`, on the caller's thread, before it is queued; the decode thread takes waiting
+requests out under the lock and places them in the KV (kv_placement.py: copies, prompt-cache restores and saves)
+after releasing it. Slots belong to the decode thread alone.
 
-Waiting requests take idle slots first come, first served, with bounded backfill; when several keys
-(tenants) wait, the next slot goes to the one holding the fewest slots for its weight (admission.py,
-`fair_share`).
+Waiting requests take idle slots first come, first served, with bounded backfill; when several keys (tenants)
+wait, the next slot goes to the one holding the fewest slots for its weight (admission.py, `fair_share`). LoRA
+adapters apply to the whole context, so a step decodes the sequences of one adapter set (adapter_turns.py).
+Speculative decoding (speculation.py), where the model has it on: a generating sequence puts its last token and
+the drafts proposed for it into the same batch, with logits at every row, and the request's own sampler verifies
+them.
 
-The engine knows nothing of asyncio: a step's events go out in one call of `publish`
-(stream.py's publisher hands them to each event loop in one wake-up).
-
-Speculative decoding (speculation.py), where the model has it on: a generating sequence puts its last token
-and the drafts proposed for it into the same batch, with logits at every row; `_verify` keeps the drafts the
-request's own sampler picks (its output unchanged), and cuts the rest out of the KV.
-
-LoRA adapters (lora.py) apply to the whole context, so a step decodes only the sequences of one adapter
-set, the one on the context (`_adapter_turn`): while one set has work it keeps the context; when several
-do, each set holds it for ADAPTER_TURN_STEPS steps at most, then the set that has waited longest since its
-last turn takes it (round robin: none starves, and a switch, which makes llama.cpp reserve its graph
-again, costs one per turn rather than one per step). Slots and the prompt cache reuse KV only within one
-adapter set (Generation.kv_scope).
+The engine knows nothing of asyncio: a step's events go out in one call of `publish` (stream.py's publisher
+hands them to each event loop in one wake-up).
 """
 
 from __future__ import annotations
@@ -41,33 +33,29 @@ from dataclasses import replace
 from operator import attrgetter
 from typing import Any
 
-from ..config.settings import ModelSpec, place
-from . import hardware, prompt_marks
+from ..config.spec import ModelSpec, place
+from . import hardware
+from .adapter_turns import AdapterTurns
 from .admission import BACKFILL_S, RecentTenants, admissible, held_back, in_share_order
 from .constraint import MaskWorker, grammar_tokenizer
 from .decode_thread import DecodeThread
-from .errors import ContextExceeded, EngineError, bad_input, internal
+from .errors import EngineError, bad_input, internal
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
-from .llama import (Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode,
-                    decode_embd, logprobs_at)
+from .intake import Intake
+from .kv_placement import KVPlacement
+from .llama import Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode, decode_embd, logprobs_at
 from . import lora
-from .lora import BASE, AdapterSet, LoraAdapter
-from .params import IMAGE_MARKER, GenerationRequest, ImageInput
-from .prompt_cache import Entry, PromptCache
-from .slots import Generation, Sink, Slot, SlotState, common_prefix
-from .speculation import DraftAsk, DraftBudget, Drafter, NgramDrafter, SpecCounters, StepCost
+from .lora import LoraAdapter
+from .params import GenerationRequest, ImageInput
+from .prompt_cache import PromptCache
+from .slots import Generation, Sink, Slot, SlotState
+from .speculation import Speculation
 from .stop import StopMatcher
-from .vision import ImageSpan, Projector, image_boundary, image_prompt, release_all
+from .vision import Projector, release_all
 
 log = logging.getLogger("llamaray.engine")
 
-MIN_COPY_TOKENS = 16
-# Steps one adapter set decodes before another set with work takes the context. A switch made the next
-# step take about twice as long on the bundled model (llama.cpp reserves its graph again: 14 ms against 7).
-ADAPTER_TURN_STEPS = 4
-
 Publish = Callable[[list[tuple[Sink, Event]]], None]
-
 
 _TENANT = attrgetter("req.tenant")
 
@@ -91,6 +79,7 @@ class LlamaEngine(DecodeThread):
         )
         self.n_ctx = spec.n_ctx
         self.projector: Projector | None = None
+        self.speculation: Speculation | None = None
         if spec.mmproj_path:
             try:
                 self.projector = Projector(spec.mmproj_path, self.llama, spec.n_threads_batch, spec.n_gpu_layers != 0)
@@ -99,18 +88,17 @@ class LlamaEngine(DecodeThread):
                 raise
         self._publish = publish
         self._batch = Batch(max(spec.n_batch, spec.n_seq_max))
-        self._waiting: deque[Generation] = deque()
         self._admitting: list[Generation] = []  # out of the queue, not yet in their slots
         self._cancelled: set[str] = set()
         self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
         self.fair_share = spec.fair_share  # admission.py: keys share the slots by weight when they compete
         self._recent = RecentTenants()  # admission.py: the keys that used the model lately
-        self._slots = [Slot(i) for i in range(spec.n_seq_max)]
-        self._prompt_cache = PromptCache(int(spec.prompt_cache_mib * (1 << 20)))
+        self.slots = [Slot(i) for i in range(spec.n_seq_max)]
+        self.intake = Intake(spec, self.llama, self.projector, len(self.slots))
+        self.placement = KVPlacement(self.llama, self.slots, PromptCache(int(spec.prompt_cache_mib * (1 << 20))),
+                                     spec.kv_unified)
+        self.adapters = AdapterTurns(spec, self.llama, self._cv)
         self._outbox: list[tuple[Sink, Event]] = []
-        # Slots left idle with their KV since the engine last had nothing to do: it goes to the prompt cache then,
-        # so the next request's admission (which would save it first, before overwriting) finds it saved.
-        self._idle_kv: list[int] = []
         self.steps = 0
         self.tokens_decoded = 0  # batch tokens decoded, prompt and generated (tests, stats)
         # Recent duration of one busy step (decode, sampling, publishing), a moving average: streams
@@ -125,67 +113,41 @@ class LlamaEngine(DecodeThread):
         # beside against 0.94-0.96x after, on 2 cores and 2 threads). There a greedy request's sampled
         # token is checked first instead, and the mask made only when it is refused.
         self.masks_beside_decode = hardware.spare_core_for_masks(spec)
-        # LoRA adapters: loaded by name; unloaded ones wait in _retired until no generation holds them.
-        self._adapters: dict[str, LoraAdapter] = {}
-        self._retired: list[LoraAdapter] = []
-        self._base_tensors: lora.BaseTensors | None = None
-        self._on_context: AdapterSet = BASE  # the set llama.cpp applies now (decode thread)
-        self._turn_steps = 0                 # steps the set on the context has had in its turn
-        self._last_turn: dict[AdapterSet, int] = {}  # set -> the step its last turn began
-        self.adapter_switches = 0
         # Speculative decoding: off where the model's config leaves it off, and for recurrent or hybrid
         # models, whose state cannot be cut back past rejected drafts.
-        self.speculative = spec.speculative if spec.speculative is not None and self.llama.can_cut_back else None
-        self._drafter: Drafter | None = None
-        self.step_cost = StepCost.flat()
-        if self.speculative is not None:
+        if spec.speculative is not None and self.llama.can_cut_back:
             try:
-                self._drafter = self._load_drafter(spec)
+                self.speculation = Speculation(spec.speculative, spec, self.llama, self._batch)
             except BaseException:
                 self._batch.free()
                 self.close_models()
                 raise
-            if self.speculative.adaptive:
-                self.step_cost = self._measure_step_cost()
-        self.spec_counters = SpecCounters()
 
     # -- called from any thread ------------------------------------------------------------------
     def prepare(self, req: GenerationRequest, sink: Sink) -> Generation:
-        """Tokenize, check limits, build each choice's sampler chain (its grammar parsed); raises an
-        engine error (bad input, context exceeded) before anything is queued. Slow for long prompts and large grammars: call it
-        off the event loop (stream.py does). With n > 1 the first choice carries the others: they
-        take slots together and share its prompt's KV."""
-        if req.n > len(self._slots):
-            raise bad_input(f"`n` is {req.n}; model `{self.spec.id}` generates at most {len(self._slots)} "
-                            f"choices at once (its n_seq_max).", "n", "n_too_large")
-        self._check_images(req)
-        adapters = lora.resolve(self.spec.id, self._adapters, req.adapters) if req.adapters else BASE
-        limit = req.max_tokens  # the request's, its default applied while planning (None: the context left)
-        self._check_continuation(req.continue_tokens)
-        # What the prompt's bytes already prove, before the work of tokenizing it.
-        at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
-        self._check_fits(at_least, limit, exact=False)
-        self._check_logprobs(req, at_least, limit, exact=False)
-        tokens, images = self._tokenize(req)
-        prompt = tokens + list(req.continue_tokens)
+        """The request's checks and tokens (intake.py), then each choice's sampler chain (its grammar parsed);
+        raises an engine error (bad input, context exceeded) before anything is queued. Slow for long prompts and
+        large grammars: call it off the event loop (stream.py does). With n > 1 the first choice carries the
+        others: they take slots together and share its prompt's KV."""
+        admitted = self.intake.admit(req)
         try:
-            self._check_fits(len(prompt), limit, exact=True)
-            self._check_logprobs(req, len(prompt), limit, exact=True)
-            self._check_image_places(images, len(prompt))
+            adapters = self.adapters.resolve(req.adapters)
         except BaseException:
-            release_all(images)
+            release_all(admitted.images)
             raise
+        prompt, limit = admitted.prompt, admitted.limit
 
         def choice(index: int) -> Generation:
             return Generation(req=req, sink=sink, prompt=prompt, stop=StopMatcher(req.stop), index=index,
-                              max_tokens=limit if limit is not None else self.n_ctx - len(prompt), images=images)
+                              max_tokens=limit if limit is not None else self.n_ctx - len(prompt),
+                              images=admitted.images)
 
         first = choice(0)
         first.choices = [choice(i) for i in range(1, req.n)]
         for g in (first, *first.choices):
             g.adapters = adapters
-            g.draft = self._draft_budget(req)
-            g.drafter = self._drafter.sequence() if g.draft is not None and self._drafter is not None else None
+            g.draft = self.speculation.budget(req) if self.speculation is not None else None
+            g.drafter = self.speculation.sequence() if g.draft is not None else None
         try:
             for g in (first, *first.choices):
                 g.sampler = self._sampler_for(req, g.index)
@@ -199,223 +161,47 @@ class LlamaEngine(DecodeThread):
             raise internal("Could not set up sampling for this request.") from None
         return first
 
-    def _draft_budget(self, req: GenerationRequest) -> DraftBudget | None:
-        """A generation's draft length, None where it never drafts: speculation off for the model or by the
-        request, or a request's n_max of 0."""
-        if self.speculative is None or not req.speculative:
-            return None
-        if self.speculative.type == "draft" and req.images:
-            return None  # the draft model would read an image's positions as its placeholder tokens
-        n_max = req.spec_n_max if req.spec_n_max is not None else self.speculative.n_max
-        n_min = req.spec_n_min if req.spec_n_min is not None else self.speculative.n_min
-        return DraftBudget(n_max, n_min, self.speculative.adaptive) if n_max > 0 else None
-
-    def _load_drafter(self, spec: ModelSpec) -> Drafter:
-        if self.speculative.type != "draft":
-            return NgramDrafter(self.speculative.ngram_max, self.speculative.ngram_min)
-        from .draft_model import DraftModel
-
-        draft = DraftModel(self.speculative.draft_path, target_vocab=self.llama.n_vocab, n_ctx_per_seq=spec.n_ctx,
-                           n_seq_max=spec.n_seq_max, n_batch=spec.n_batch, n_threads=spec.n_threads,
-                           n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
-                           kv_unified=spec.kv_unified, extra_buffers=hardware.use_extra_buffers(
-                               spec.cpu_extra_buffers, hardware.system_info()))
-        if self.speculative.adaptive:
-            try:
-                draft.measure()
-            except BaseException:
-                draft.close()
-                raise
-        log.info("model %s: draft model %s loaded", spec.id, self.speculative.draft_path)
-        return draft
-
-    def _measure_step_cost(self) -> StepCost:
-        """The decode time of a step by its rows (logits at each, as a verification has), timed on this context
-        before it serves (about 0.5 s on 2 CPU cores, milliseconds on a GPU): what an adaptive draft weighs
-        its expected gain against. Where it cannot be timed, rows are taken to cost as a token each, and
-        adaptive drafting then verifies nothing."""
-        batch = self._batch
-        most = min(batch.capacity, self.n_ctx - 1, self.speculative.max_sequences * (self.speculative.n_max + 1))
-        sizes = sorted({min(n, most) for n in (1, 2, 4, 8, 16, 32, 64) if n <= max(most, 1)} | {max(most, 1)})
-        token = self.llama.tokenize_prompt(" the", False)[-1]
-
-        def decode_rows(n: int) -> None:
-            batch.clear()
-            for pos in range(n):
-                batch.add(token, pos, 0, True)
-            try:
-                if decode(self.llama, batch) != 0:
-                    raise RuntimeError(f"llama_decode failed on {n} rows")
-            finally:
-                self.llama.seq_rm(0, 0, -1)
-                batch.clear()
-
-        try:
-            cost = StepCost.measure(decode_rows, sizes)
-        except Exception:  # noqa: BLE001 - speculation stays safe (off in effect), the model serves
-            log.exception("model %s: could not time its decode steps; adaptive drafting verifies nothing",
-                          self.spec.id)
-            return StepCost({1: 1.0, 2: 2.0})
-        log.info("model %s: decode step by rows (ms) %s", self.spec.id,
-                 {n: round(s * 1e3, 2) for n, s in cost.as_dict().items()})
-        return cost
+    @property
+    def speculative(self) -> Any:
+        """The model's speculative settings in force (None: off)."""
+        return self.speculation.settings if self.speculation is not None else None
 
     def discard(self, gen: Generation) -> None:
         """A prepared generation that will not be submitted: its samplers and images freed. Any thread."""
         gen.free()
 
-    def _check_images(self, req: GenerationRequest) -> None:
-        if not req.images:
-            return
-        if self.projector is None:
-            raise bad_input(f"Model `{self.spec.id}` takes no images (it has no multimodal projector, "
-                            f"`mmproj_path`).", "images", "images_unsupported")
-        if req.prompt_logprobs:
-            # Image positions have no token to score, and their rows' logits were never computed.
-            raise bad_input("Prompt logprobs (`echo`) are not available for prompts with images.",
-                            "prompt_logprobs", "images_unsupported")
-
-    def _tokenize(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
-        """The prompt's tokens, and its image spans when it has images (their pixels preprocessed)."""
-        if not req.images:
-            return self.llama.tokenize_prompt(req.prompt) or [self.llama.bos], []
-        try:
-            return image_prompt(self.llama, self.projector, req.prompt, req.images)
-        except ValueError as exc:  # markers and images that do not pair up: the renderer's bug
-            log.error("request %s: %s", req.request_id, exc)
-            raise internal("The prompt's images do not match its image places.") from None
-        except RuntimeError:
-            log.exception("request %s: the projector could not take its images", req.request_id)
-            raise internal("The model's projector could not read this request's images.") from None
-
-    def _check_image_places(self, images: list[ImageSpan], prompt_tokens: int) -> None:
-        """Each image decodes in one llama_decode where its rows must see each other (non-causal), and
-        never last: the prompt's last position gives the logits to sample from."""
-        n_ubatch = min(self.spec.n_batch, 512)
-        for span in images:
-            if span.non_causal and span.n_tokens > n_ubatch:
-                raise bad_input(f"An image of this request takes {span.n_tokens} positions; model "
-                                f"`{self.spec.id}` decodes at most {n_ubatch} at once (raise its n_batch).",
-                                "images", "image_too_large")
-        if images and images[-1].end >= prompt_tokens:
-            raise bad_input("The prompt ends with an image; the model needs text after it.", "images", "image_at_end")
-
-    def _fewest_tokens(self, prompt: str) -> int:
-        """The fewest tokens `prompt` can make (0: not known for this vocabulary): its UTF-8 bytes over
-        the longest token piece, our content marks not counted."""
-        longest = self.llama.longest_piece
-        if not longest:
-            return 0
-        size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
-        size -= len(IMAGE_MARKER) * prompt.count(IMAGE_MARKER)  # an image's tokens are no text (one at least)
-        marks = prompt.count(prompt_marks.OPEN) + prompt.count(prompt_marks.CLOSE)
-        if marks:  # marks (3 bytes each) and their JSON-escaped forms (\\ufdd0, 6 bytes) are no text
-            size -= 3 * marks + 6 * (prompt.count("\\ufdd") + prompt.count("\\uFDD"))
-        return -(-max(0, size) // longest)
-
-    def _check_fits(self, prompt_tokens: int, limit: int | None, exact: bool) -> None:
-        if prompt_tokens >= self.n_ctx or (limit is not None and prompt_tokens + limit > self.n_ctx):
-            raise ContextExceeded(self.n_ctx, prompt_tokens, limit, at_least=not exact)
-
-    def _check_continuation(self, tokens: list[int]) -> None:
-        """Token ids to continue from reach llama.cpp as they are: one outside the vocabulary aborts it."""
-        n_vocab = self.llama.n_vocab
-        for i, token in enumerate(tokens):
-            if not 0 <= token < n_vocab:
-                raise bad_input(f"Token id {token} (continue_tokens[{i}]) is not in the vocabulary of model "
-                                f"`{self.spec.id}`.", "continue_tokens", "invalid_token")
-
-    def _check_logprobs(self, req: GenerationRequest, prompt_tokens: int, limit: int | None, exact: bool) -> None:
-        """The logprob entries this generation may make, within its share of limits.max_logprob_entries:
-        each is a TokenLogprob with `logprobs` alternatives, built, pickled and sent as JSON."""
-        share = req.max_logprob_entries
-        if share is None or (req.logprobs is None and not req.prompt_logprobs):
-            return
-        per = 1 + (req.logprobs or 0)
-        scored = prompt_tokens if req.prompt_logprobs else 0
-        generated = 0
-        if req.logprobs is not None and limit is not None:
-            generated = limit
-        elif req.logprobs is not None and exact:  # the context left (from a bound on the prompt: unknown)
-            generated = max(0, self.n_ctx - prompt_tokens)
-        entries = (scored + generated * req.n) * per
-        if entries <= share:
-            return
-        parts = []
-        if scored:
-            parts.append(f"{'at least ' if not exact else ''}{scored} prompt tokens scored")
-        if generated:
-            parts.append(f"up to {generated} generated tokens x {req.n} choices")
-        raise bad_input(
-            f"This request may produce {'at least ' if not exact else ''}{entries} logprob entries "
-            f"({' + '.join(parts)}, each with 1 + {req.logprobs or 0} alternatives); at most {share} are allowed "
-            f"for it (limits.max_logprob_entries, shared over the request's prompts). Ask for fewer `logprobs`, "
-            f"a lower `max_tokens`, fewer choices or shorter prompts.", "logprobs", "logprobs_too_large")
-
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
-        return self.llama.tokenize_prompt(text, add_special)
+        return self.intake.tokenize(text, add_special)
 
     def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
-        """A rendered prompt's tokens as `prepare` counts them, its images' positions included (the
-        projector's preprocessing only: nothing is encoded). Any thread."""
-        probe = GenerationRequest(request_id="count", prompt=prompt, images=images)
-        self._check_images(probe)
-        tokens, spans = self._tokenize(probe)
-        release_all(spans)
-        return len(tokens)
+        """A rendered prompt's tokens as `prepare` counts them, its images' positions included. Any thread."""
+        return self.intake.count_prompt(prompt, images)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids; an id outside the vocabulary is bad input naming its place. Any thread."""
-        n_vocab = self.llama.n_vocab
-        for i, token in enumerate(tokens):
-            if not 0 <= token < n_vocab:
-                raise bad_input(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
-                                f"`{self.spec.id}` (ids 0 to {n_vocab - 1}).", f"tokens[{i}]", "invalid_token")
-        return self.llama.detokenize(tokens)
+        return self.intake.detokenize(tokens)
 
-    # -- LoRA adapters (any thread) ----------------------------------------------------------------
+    # -- LoRA adapters (any thread): adapter_turns.py ---------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> LoraAdapter:
         """Load the LoRA adapter GGUF at `path` for this engine's model, as `name`: requests then name it in
         GenerationRequest.adapters. Checked against the model first: lora.AdapterMismatch (nothing loaded) for
         an adapter made for another base, naming both. Slow (reads the file): call it off the event loop.
         A name already loaded is a ValueError (unload it first)."""
-        if not name:
-            raise ValueError("an adapter needs a name")
-        with self._cv:
-            if name in self._adapters:
-                raise ValueError(f"model `{self.spec.id}` already has an adapter named `{name}`")
-        if self._base_tensors is None:
-            self._base_tensors = lora.BaseTensors.read(self.spec.id, self.spec.path)
-        adapter = lora.load_adapter(self.llama, self._base_tensors, name, path)
-        with self._cv:
-            if name not in self._adapters and not self._closing:
-                self._adapters[name] = adapter
-                log.info("model %s: adapter %s loaded from %s", self.spec.id, name, path)
-                return adapter
-        adapter.free()  # never set on the context: free here
-        raise ValueError(f"model `{self.spec.id}` already has an adapter named `{name}`" if not self._closing
-                         else "the engine is closing")
+        return self.adapters.load(name, path, lambda: self._closing)
 
     def unload_adapter(self, name: str) -> bool:
         """Stop accepting requests for adapter `name` (False: none loaded); llama.cpp's adapter is freed on
         the decode thread once no queued or running generation uses it."""
-        with self._cv:
-            adapter = self._adapters.pop(name, None)
-            if adapter is None:
-                return False
-            self._retired.append(adapter)
-            self._cv.notify()
-        return True
+        return self.adapters.unload(name)
 
     def adapter_names(self) -> list[str]:
-        with self._cv:
-            return sorted(self._adapters)
+        return self.adapters.names()
 
     def submit(self, gen: Generation) -> None:
         """Queue a prepared generation (the engine owns it from here). Any thread."""
         with self._cv:
-            gone = next((a for a in gen.adapters.adapters if self._adapters.get(a.name) is not a), None)
+            gone = self.adapters.gone(gen.adapters)
             if gone is None and self.broken is None:
                 gen.queued_at = time.monotonic()
                 self._recent.saw(gen.req.tenant, gen.queued_at)
@@ -431,13 +217,12 @@ class LlamaEngine(DecodeThread):
 
     def stats(self) -> dict[str, Any]:
         with self._cv:
-            return {"running": self.active, "waiting": self.waiting, "slots": len(self._slots),
+            return {"running": self.active, "waiting": self.waiting, "slots": len(self.slots),
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
-                    "prompt_cache": self._prompt_cache.stats(),
-                    "adapters": sorted(self._adapters), "adapter_switches": self.adapter_switches,
-                    "spec_decode": self.spec_counters.as_dict(),
-                    **({"spec_step_ms": {n: round(t * 1e3, 3) for n, t in self.step_cost.as_dict().items()}}
-                       if self.speculative is not None else {}),
+                    "prompt_cache": self.placement.prompt_cache.stats(),
+                    "adapters": sorted(self.adapters.loaded), "adapter_switches": self.adapters.switches,
+                    **(self.speculation.stats() if self.speculation is not None else
+                       {"spec_decode": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}}),
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
 
     @property
@@ -448,32 +233,31 @@ class LlamaEngine(DecodeThread):
     @property
     def active(self) -> int:
         """Occupied slots (read without the lock: a hint, not an exact count)."""
-        return sum(slot.gen is not None for slot in self._slots)
+        return sum(slot.gen is not None for slot in self.slots)
 
     def close(self) -> None:
         super().close()
         self._masks.close()
         self._batch.free()
         if self.llama.ctx is not None and not self._thread.is_alive():
-            self._free_adapters([*self._adapters.values(), *self._retired])
-        self._adapters, self._retired = {}, []
+            self.adapters.free_all()
         self.close_models()
 
     def close_models(self) -> None:
         """The draft model, the projector and the model freed (also when the engine fails to start)."""
-        close_draft = getattr(self._drafter, "close", None) if hasattr(self, "_drafter") else None
-        if close_draft is not None:
-            close_draft()
+        if self.speculation is not None:
+            self.speculation.close()
         if self.projector is not None:
             self.projector.close()
         self.llama.close()
 
     # -- the decode thread -----------------------------------------------------------------------
     def _loop(self) -> None:
+        placement = self.placement
         while True:
             with self._cv:
-                while not (self._closing or self._waiting or self.active or self._cancelled or self._retired):
-                    if self._idle_kv:
+                while not (self._closing or self._waiting or self.active or self._cancelled or self.adapters.retired):
+                    if placement.idle_kv:
                         break
                     self._cv.wait()
                 if self._closing:
@@ -481,17 +265,18 @@ class LlamaEngine(DecodeThread):
                 cancelled, self._cancelled = self._cancelled, set()
                 dropped = self._unqueue(cancelled)
                 self._admitting = self._take_admissible()
-                unused = self._unused_retired()
+                unused = self.adapters.unused_retired(
+                    (*self._waiting, *self._admitting, *(s.gen for s in self.slots if s.gen)))
             # Without the lock from here: KV edits, copies and saves never hold up the callers.
             for gen in dropped:
                 gen.free()
             self._release_cancelled(cancelled)
-            self._free_adapters(unused)
+            self.adapters.free(unused)
             self._admit(self._admitting)
             self._admitting = []
             self._flush()
-            if not self.active and self._idle_kv:
-                self._save_idle(self._idle_kv.pop())
+            if not self.active and placement.idle_kv:
+                placement.save_idle(waiting=bool(self._waiting))
             if self.active:
                 started = time.perf_counter()
                 self._step()
@@ -517,7 +302,7 @@ class LlamaEngine(DecodeThread):
         return dropped
 
     def _release_cancelled(self, ids: set[str]) -> None:
-        for slot in self._slots:
+        for slot in self.slots:
             if slot.gen is not None and slot.gen.request_id in ids:
                 self._release(slot, keep_cache=False)
 
@@ -525,24 +310,23 @@ class LlamaEngine(DecodeThread):
         """Waiting requests that idle slots can take now, out of the queue (under the lock)."""
         if not self._waiting:
             return []
-        idle = sum(slot.state is SlotState.IDLE for slot in self._slots)
+        idle = sum(slot.state is SlotState.IDLE for slot in self.slots)
         if not idle:
             return []
         now, waiting = time.monotonic(), self._waiting
         held, reserve = Counter(), 0
         if self.fair_share:
-            held = Counter(s.gen.req.tenant for s in self._slots if s.gen is not None)
+            held = Counter(s.gen.req.tenant for s in self.slots if s.gen is not None)
             waiting = in_share_order(self._waiting, held)
             # A slot kept from keys already running something, for a key that used the model lately and is not in
             # line now (it may be back any moment).
-            reserve = held_back(self._recent.recent(now), held, waiting, len(self._slots))
+            reserve = held_back(self._recent.recent(now), held, waiting, len(self.slots))
         taken = admissible(waiting, idle, now, self.backfill_s, reserve=reserve, tenant_of=_TENANT, holding=held)
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)
         return taken
 
-    # -- admission: a place in the KV ------------------------------------------------------------
     def _admit(self, admitted: list[Generation]) -> None:
         """Requests taken out of the queue into idle slots (enough of them were counted): the first
         choice where its prompt's longest reusable prefix is, its other choices into the lowest idle slots."""
@@ -550,11 +334,11 @@ class LlamaEngine(DecodeThread):
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused. Nor is
             # anything for a request that asked for none (cache_prompt false: reproducible replies).
             reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
-            slot, reused = self._place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images)
+            slot, reused = self.placement.place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images)
             slot.occupy(gen, reused)
             for g in gen.choices:
-                fork = self._lowest_idle()
-                self._save_to_cache(fork, keep=0)
+                fork = self.placement.lowest_idle()
+                self.placement.save(fork, keep=0)
                 fork.occupy(g, 0, SlotState.FORKING)
             for g in (gen, *gen.choices):
                 self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index,
@@ -579,142 +363,9 @@ class LlamaEngine(DecodeThread):
                 self._grammar_tokenizer = grammar_tokenizer(self.llama.vocab)
             return self._grammar_tokenizer
 
-    def _place(self, prompt: list[int], scope: str, reuse: bool = True,
-               images: list[ImageSpan] | None = None) -> tuple[Slot, int]:
-        """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept).
-
-        The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot,
-        llama.cpp decodes only runs of consecutive sequence ids together, and 8 decoding sequences
-        spread over 16 slots took twice as long a step as 8 packed ones. An idle slot already holding
-        a real prefix (MIN_COPY_TOKENS more) is taken instead: recomputing or copying that prefix costs
-        more than a gap. The slot's own prefix is kept; a longer one is copied in from another slot (a
-        busy slot's earlier positions never change) or restored from the prompt cache in host memory,
-        after what the slot held went to that cache. At least the last prompt token is always
-        recomputed, so there are logits to sample from. Only KV computed in the prompt's cache `scope`
-        is reused (kept, copied or restored): other scopes' prefixes count as nothing. A prefix never ends
-        inside one of the prompt's `images` (vision.py)."""
-        images = images or []
-        prefix = {slot.index: image_boundary(common_prefix(slot.tokens, prompt), images)
-                  if reuse and slot.scope == scope else 0 for slot in self._slots}
-        target = self._lowest_idle()
-        best_idle = max((s for s in self._slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
-        if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
-            target = best_idle
-        source = max(self._slots, key=lambda s: (prefix[s.index], s is target))
-        if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
-            source = target  # copying a stream is only worth it for a real prefix
-        cached, held = self._prompt_cache.best(prompt, scope) if reuse else (None, 0)
-        held = image_boundary(held, images)
-        if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
-            self._save_to_cache(target, keep=0)
-            kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
-            if kept:
-                return target, kept
-            target.tokens = []  # a refused restore leaves the slot's KV empty
-            if source is target:
-                return target, 0
-        keep = min(prefix[source.index], len(prompt) - 1)
-        self._save_to_cache(target, keep=keep if source is target else 0)
-        return target, self._keep_prefix(target.index, source.index, keep)
-
-    def _lowest_idle(self) -> Slot:
-        return next(slot for slot in self._slots if slot.state is SlotState.IDLE)
-
-    def _save_to_cache(self, slot: Slot, keep: int) -> None:
-        """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
-        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self._prompt_cache.worth_keeping(slot.tokens, slot.scope):
-            state, size = self.llama.seq_state(slot.index)
-            if size:
-                self._prompt_cache.put(slot.tokens, state, size, slot.scope)
-
-    def _save_idle(self, index: int) -> None:
-        """An idle slot's KV into the prompt cache while no request waits or runs (one slot a turn of the loop, so
-        a request that comes meanwhile waits for one save at most, as it would at its admission)."""
-        slot = self._slots[index]
-        if slot.state is SlotState.IDLE and not self._waiting:
-            self._save_to_cache(slot, keep=0)
-
-    def _restore(self, slot: int, entry: Entry, keep: int) -> int:
-        """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
-        self.llama.seq_rm(slot, 0, -1)
-        if self.llama.set_seq_state(slot, entry.state, entry.size) and self.llama.seq_rm(slot, keep, -1):
-            self._prompt_cache.hits += 1
-            return keep
-        self.llama.seq_rm(slot, 0, -1)
-        return 0
-
-    def _keep_prefix(self, slot: int, source: int, reuse: int) -> int:
-        """Make `slot`'s KV hold the first `reuse` prompt tokens (kept, or copied from `source`);
-        the number actually kept. A KV edit llama.cpp refuses (recurrent or hybrid models cannot
-        cut a sequence at a position) means the prefix is recomputed instead: 0."""
-        if source == slot:
-            if self.llama.seq_rm(slot, reuse, -1):  # keep the shared prefix, drop the rest
-                return reuse
-        else:
-            # In one unified pool the cells are shared; across per-slot streams llama.cpp copies
-            # only whole streams (a partial copy aborts), so copy it all and trim.
-            self.llama.seq_rm(slot, 0, -1)
-            if reuse > 0 and self.spec.kv_unified:
-                self.llama.seq_cp(source, slot, 0, reuse)
-                return reuse
-            if reuse > 0:
-                self.llama.seq_cp(source, slot, -1, -1)
-                if self.llama.seq_rm(slot, reuse, -1):
-                    return reuse
-        self.llama.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds
-        return 0
-
-    # -- LoRA adapters on the context (decode thread) ---------------------------------------------
-    def _unused_retired(self) -> list[LoraAdapter]:
-        """Unloaded adapters no queued, admitted or running generation holds, out of _retired (under the lock)."""
-        if not self._retired:
-            return []
-        held = {id(a) for g in (*self._waiting, *self._admitting, *(s.gen for s in self._slots if s.gen))
-                for a in g.adapters.adapters}
-        unused = [a for a in self._retired if id(a) not in held]
-        self._retired = [a for a in self._retired if id(a) in held]
-        return unused
-
-    def _free_adapters(self, adapters: list[LoraAdapter]) -> None:
-        """Free llama.cpp's adapters, first taking them off the context if it applies them."""
-        if not adapters:
-            return
-        if any(a in self._on_context.adapters for a in adapters):
-            lora.apply(self.llama, BASE)
-            self._on_context = BASE
-        for adapter in adapters:
-            adapter.free()
-            log.info("model %s: adapter %s freed", self.spec.id, adapter.name)
-
-    def _in_turn(self, slot: Slot) -> bool:
-        """Whether `slot` decodes this step: its generation's adapter set is the one on the context."""
-        return slot.gen is not None and slot.gen.adapters == self._on_context
-
-    def _adapter_turn(self) -> None:
-        """Put on the context the adapter set this step decodes (the policy: the module's docstring). The
-        set on the context keeps it while it alone has work, or for ADAPTER_TURN_STEPS steps when others
-        wait; then the set whose last turn began longest ago (never: first, oldest request first) takes it."""
-        current = self._on_context
-        oldest: dict[AdapterSet, float] = {}
-        for slot in self._slots:
-            if slot.gen is not None and slot.state in (SlotState.PREFILLING, SlotState.GENERATING):
-                aset = slot.gen.adapters
-                oldest[aset] = min(oldest.get(aset, slot.gen.queued_at), slot.gen.queued_at)
-        self._turn_steps += 1
-        if not oldest or (current in oldest and (len(oldest) == 1 or self._turn_steps <= ADAPTER_TURN_STEPS)):
-            return
-        waiting = [aset for aset in oldest if aset != current]
-        nxt = min(waiting, key=lambda aset: (self._last_turn.get(aset, -1), oldest[aset]))
-        lora.apply(self.llama, nxt)
-        self._on_context = nxt
-        self._turn_steps = 1
-        self._last_turn = {aset: self._last_turn[aset] for aset in oldest if aset in self._last_turn}
-        self._last_turn[nxt] = self.steps
-        self.adapter_switches += 1
-
     # -- one step: build the batch, decode, sample -------------------------------------------------
     def _step(self) -> None:
-        self._adapter_turn()
+        self.adapters.take_turn(self.slots, self.steps)
         self._decode_image()
         planned = self._fill_batch()
         if self._batch.n == 0:
@@ -738,7 +389,7 @@ class LlamaEngine(DecodeThread):
     def _decode_image(self) -> None:
         """One waiting image per step, encoded and decoded into its slot's KV before the step's token
         batch (which then takes the text after it): other sequences wait for one image at a time at most."""
-        slot = next((s for s in self._slots if s.pending_image() is not None and self._in_turn(s)), None)
+        slot = next((s for s in self.slots if s.pending_image() is not None and self.adapters.in_turn(s)), None)
         if slot is None:
             return
         gen, span = slot.gen, slot.pending_image()
@@ -780,57 +431,25 @@ class LlamaEngine(DecodeThread):
         batch = self._batch
         batch.clear()
         planned: list[tuple[Slot, list[int]]] = []
-        generating = [s for s in self._slots if s.state is SlotState.GENERATING and self._in_turn(s)]
+        generating = [s for s in self.slots if s.state is SlotState.GENERATING and self.adapters.in_turn(s)]
         room = batch.capacity - len(generating)  # rows left once each generating sequence has its token
         # Drafting is for sequences in their turn that generate: a prefilling prompt (its images, its scored
-        # positions, an n > 1 request's choices not yet forked) decodes as it always does. A large batch is
-        # already efficient on its own: there drafts cost more than they give (max_sequences).
-        drafting = self._drafter is not None and len(generating) <= self.speculative.max_sequences
-        chosen = self._choose_drafts(generating, room) if drafting else {}
+        # positions, an n > 1 request's choices not yet forked) decodes as it always does.
+        speculation = self.speculation
+        chosen = speculation.choose(generating, room, self.n_ctx) \
+            if speculation is not None and speculation.drafting(len(generating)) else {}
         for slot in generating:
             gen = slot.gen
             gen.drafts = chosen.get(slot.index, [])
             tokens = [gen.last_token, *gen.drafts]
             planned.append((slot, tokens))
             self._put(slot, tokens, logits=True)
-        for slot in self._slots:
-            pending = slot.pending_prompt()[:batch.capacity - batch.n] if self._in_turn(slot) else []
+        for slot in self.slots:
+            pending = slot.pending_prompt()[:batch.capacity - batch.n] if self.adapters.in_turn(slot) else []
             if pending:
                 planned.append((slot, pending))
                 self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))
         return planned
-
-    def _choose_drafts(self, generating: list[Slot], room: int) -> dict[int, list[int]]:
-        """The draft tokens each generating slot verifies this step (by slot index): up to what its n_max, the
-        batch's `room`, its max_tokens and its context leave (each row samples one token more), as many as its
-        budget finds worth their rows (speculation.py). A costly drafter (a draft model) is asked only for
-        sequences whose drafts may pay, and now and then for a short probe. A proposal not verified is watched:
-        the tokens generated next measure the acceptance it would have had."""
-        cost, sequences, draft_s = self.step_cost, len(generating), self._drafter.seconds_per_token()
-        rows = sequences
-        asks: list[tuple[Slot, DraftAsk]] = []
-        for slot in generating:
-            gen = slot.gen
-            if gen.draft is None:
-                continue
-            k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, self.n_ctx - gen.n_past - 2)
-            if k > 0 and not self._drafter.cheap:
-                k = gen.draft.tokens_to_ask(k, cost, rows, sequences, draft_s)
-            if k > 0:
-                asks.append((slot, DraftAsk(slot.index, slot.tokens, gen.last_token, k, gen.drafter)))
-        if not asks:
-            return {}
-        chosen: dict[int, list[int]] = {}
-        for (slot, _), proposal in zip(asks, self._drafter.propose_all([ask for _, ask in asks])):
-            budget = slot.gen.draft
-            n = min(budget.length(len(proposal), cost, rows, sequences, draft_s), room) if proposal else 0
-            if n == 0:
-                budget.watch(proposal)
-                continue
-            chosen[slot.index] = proposal[:n]
-            room -= n
-            rows += n
-        return chosen
 
     def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
         """`tokens` into the batch at the slot's next positions; with `logits`, the last one's
@@ -867,7 +486,7 @@ class LlamaEngine(DecodeThread):
     def _advance(self, slot: Slot, tokens: list[int]) -> None:
         gen = slot.gen
         if gen.drafts:
-            self._verify(slot, tokens)
+            self.speculation.verify(slot, tokens, self._sample_or_fail)
             return
         if gen.scored_from >= 0:
             self._score_prompt(gen, tokens)
@@ -879,42 +498,13 @@ class LlamaEngine(DecodeThread):
                 self._out(gen, PromptLogprobs(tuple(gen.prompt_scores), gen.index))
             if gen.max_tokens == 0:
                 for choice in [gen, *self._take_choices(gen)]:
-                    self._finish(self._slots[choice.slot], "length")
+                    self._finish(self.slots[choice.slot], "length")
                 return
             for choice in self._take_choices(gen):
-                self._fork(slot, self._slots[choice.slot])
+                self._fork(slot, self.slots[choice.slot])
         self._sample_or_fail(slot)
         if gen.draft is not None and slot.gen is gen:
             gen.draft.generated(gen.last_token)
-
-    def _verify(self, slot: Slot, tokens: list[int]) -> None:
-        """A generating sequence decoded with drafts (`tokens` is [last token, drafts...], logits at each row):
-        row j is sampled with the request's own sampler (grammar, logit bias, penalties, its RNG), exactly
-        as the step after accepting drafts 1..j would have sampled it; the token is emitted through the
-        per-token bookkeeping of `_sample`; if it is the next draft, that draft is accepted and row j+1 is
-        sampled, otherwise the sampled token is this step's last. The drafter is deterministic given the
-        tokens so far, so each emitted token is drawn from the target's distribution given the tokens before
-        it: the output distribution is the model's own (greedy: its greedy tokens), and a seeded request
-        draws its RNG once per emitted token, as without drafts. The rejected drafts' KV is then cut."""
-        gen = slot.gen
-        drafts, gen.drafts = gen.drafts, []
-        first = gen.logits_at
-        slot.advanced(tokens[:1])
-        accepted = 0
-        for j in range(len(drafts) + 1):
-            gen.logits_at = first + j
-            self._sample_or_fail(slot)
-            if slot.gen is not gen or j == len(drafts) or gen.last_token != drafts[j]:
-                break  # finished (stop, end of generation, a limit), failed, or the draft was not picked
-            slot.advanced([drafts[j]])
-            accepted += 1
-        c = self.spec_counters
-        c.drafts, c.draft_tokens, c.accepted_tokens = c.drafts + 1, c.draft_tokens + len(drafts), \
-            c.accepted_tokens + accepted
-        gen.draft.verified(len(drafts), accepted)
-        if accepted < len(drafts):
-            # The KV past what the slot holds (its tokens: kept even when the request ended) is rejected drafts.
-            self.llama.seq_rm(slot.index, len(slot.tokens), -1)
 
     def _take_choices(self, gen: Generation) -> list[Generation]:
         choices, gen.choices = gen.choices, []
@@ -924,7 +514,7 @@ class LlamaEngine(DecodeThread):
         """Another choice of `source`'s request: the prompt's KV copied into its slot, then it samples
         from the same logits. Where llama.cpp cannot copy (recurrent models), it decodes the prompt."""
         prompt = source.gen.prompt
-        if self._keep_prefix(slot.index, source.index, len(prompt)) < len(prompt):
+        if self.placement.keep_prefix(slot.index, source.index, len(prompt)) < len(prompt):
             slot.occupy(slot.gen, 0)
             return
         slot.forked(source.gen.cached)
@@ -985,8 +575,7 @@ class LlamaEngine(DecodeThread):
                 self._text(gen, tail)
         # Free the slot before telling the client, so a follow-up request finds it free.
         self._release(slot, keep_cache=True)
-        if len(slot.tokens) >= MIN_COPY_TOKENS and slot.index not in self._idle_kv:
-            self._idle_kv.append(slot.index)
+        self.placement.finished(slot)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
                                 completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
                                 token_ids=tuple(gen.token_ids) if reason == "length" else (),
@@ -1002,7 +591,7 @@ class LlamaEngine(DecodeThread):
         gen = slot.gen
         self._release(slot, keep_cache=False)
         for choice in self._take_choices(gen):  # choices still waiting for this prompt go too
-            self._release(self._slots[choice.slot], keep_cache=False)
+            self._release(self.slots[choice.slot], keep_cache=False)
         self._out(gen, Failed(err))
 
     def _release(self, slot: Slot, keep_cache: bool) -> None:
@@ -1021,7 +610,7 @@ class LlamaEngine(DecodeThread):
                 self._out(gen, Failed(err))
             self._waiting.clear()
             self._admitting = []
-            for slot in self._slots:
+            for slot in self.slots:
                 if slot.gen is not None:
                     gen = slot.gen
                     self._release(slot, keep_cache=True)  # the context may be gone: no KV edits

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from . import hardware
 from .protocol import Engine
 from .selfcheck import self_check_once

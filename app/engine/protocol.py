@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # names only: the protocol loads no engine
-    from ..config.settings import ModelSpec
+    from ..config.spec import ModelSpec
     from .params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
     from .slots import Sink
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config.settings import ModelSpec, place
+from ..config.spec import ModelSpec, place
 from . import hardware
 
 TIMEOUT_S = 600.0

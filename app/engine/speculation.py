@@ -1,9 +1,10 @@
 """Speculative decoding's drafting side: what a sequence proposes to verify, and whether verifying pays.
 
-A `Drafter` proposes the tokens likely to follow each drafting sequence of a step (`propose_all`); the engine
-(engine.py, `_fill_batch` and `_verify`) puts `[last token, drafts...]` into the step's batch with logits at every
-row, samples each row with the request's own sampler, and keeps the drafts up to the first one the sampler did not
-pick. Prompt lookup (`NgramDrafter`) and a draft model (draft_model.py) are the drafters.
+A `Drafter` proposes the tokens likely to follow each drafting sequence of a step (`propose_all`); `Speculation`
+chooses which to verify (`choose`), the engine (engine.py, `_fill_batch`) puts `[last token, drafts...]` into the
+step's batch with logits at every row, and `verify` samples each row with the request's own sampler and keeps the
+drafts up to the first one the sampler did not pick. Prompt lookup (prompt_lookup.py) and a draft model
+(draft_model.py) are the drafters.
 
 Whether to verify, and how many: `DraftBudget` keeps one sequence's acceptance (the drafts it verified, and the
 proposals it did not verify checked against the tokens it then generated: free to measure), and `StepCost` the
@@ -16,10 +17,13 @@ and only a reply that copies almost exactly pays (docs/benchmarks.md), so free w
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+log = logging.getLogger("llamaray.engine")
 
 # Acceptance is a decayed count of draft tokens picked and not picked: about the last 1/(1-DECAY) tokens.
 DECAY = 0.95
@@ -68,65 +72,6 @@ class Drafter(Protocol):
     def seconds_per_token(self) -> float:
         """What proposing one token costs the step (0 for a lookup)."""
         ...
-
-
-class NgramDrafter:
-    """Prompt lookup: the longest n-gram (ngram_max down to ngram_min tokens) ending the sequence that occurred
-    earlier in it, and the tokens that followed its latest earlier occurrence. Replies that quote their prompt
-    (code edits, repeated lists, tool results) are drafted right."""
-
-    cheap = True
-
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 2) -> None:
-        self.ngram_max = ngram_max
-        self.ngram_min = max(1, ngram_min)
-
-    def sequence(self) -> NgramIndex:
-        return NgramIndex(self.ngram_max, self.ngram_min)
-
-    def propose_all(self, asks: list[DraftAsk]) -> list[list[int]]:
-        return [ask.state.propose(ask.tokens, ask.last, ask.k) for ask in asks]
-
-    def seconds_per_token(self) -> float:
-        return 0.0
-
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """One lookup on a whole sequence (tests, one-off use)."""
-        return self.sequence().propose(tokens[:-1], tokens[-1], k) if tokens else []
-
-
-class NgramIndex:
-    """One sequence's n-grams, each mapped to where its latest occurrence ends, kept up to date as the sequence
-    grows: a lookup costs O(ngram_max) however long the context, where a scan would cost the whole context per
-    step (at one stream, a step is a few milliseconds). Only the last `window` to 2 x `window` tokens are
-    indexed, which bounds its memory for long contexts."""
-
-    def __init__(self, ngram_max: int, ngram_min: int, window: int = 4096) -> None:
-        self.ngram_max, self.ngram_min, self.window = ngram_max, ngram_min, window
-        self._ends: dict[tuple[int, ...], int] = {}
-        self._indexed = 0  # n-grams ending before this position are in _ends
-        self._start = 0    # and none that starts before this one
-
-    def _index(self, tokens: Sequence[int]) -> None:
-        if len(tokens) < self._indexed or len(tokens) - self._start > 2 * self.window:
-            # Not the sequence this index was built on, or past its window: indexed again from the window.
-            self._ends, self._start = {}, max(0, len(tokens) - self.window)
-            self._indexed = self._start
-        for end in range(self._indexed, len(tokens)):
-            for n in range(self.ngram_min, min(self.ngram_max, end + 1 - self._start) + 1):
-                self._ends[tuple(tokens[end - n + 1:end + 1])] = end
-        self._indexed = len(tokens)
-
-    def propose(self, tokens: Sequence[int], last: int, k: int) -> list[int]:
-        if k <= 0:
-            return []
-        self._index(tokens)  # every n-gram ending before `last`: an earlier occurrence of the suffix
-        for n in range(min(self.ngram_max, len(tokens) + 1), self.ngram_min - 1, -1):
-            end = self._ends.get((*tokens[len(tokens) - n + 1:], last))
-            if end is not None:
-                follows = list(tokens[end + 1:end + 1 + k])
-                return follows if len(follows) == k else [*follows, last][:k]
-        return []
 
 
 class StepCost:
@@ -274,3 +219,168 @@ class SpecCounters:
     def as_dict(self) -> dict[str, int]:
         return {"num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens,
                 "num_accepted_tokens": self.accepted_tokens}
+
+
+class Speculation:
+    """An engine's speculative decoding: its drafter (prompt lookup, or a draft model loaded beside the target),
+    the step cost its budgets weigh drafts against (timed on the target's context before it serves when drafting
+    is adaptive), each request's draft budget, the drafts a step verifies (`choose`) and their verification by the
+    request's own sampler (`verify`). Used from the decode thread, but for `budget` (any thread)."""
+
+    def __init__(self, settings: Any, spec: Any, llama: Any, batch: Any) -> None:
+        self.settings = settings  # the model's SpeculativeSpec
+        self.llama = llama
+        self.counters = SpecCounters()
+        self.step_cost = StepCost.flat()
+        self.drafter = self._load_drafter(spec, llama)
+        if settings.adaptive:
+            try:
+                self.step_cost = self._measure_step_cost(spec, batch)
+            except BaseException:
+                self.close()
+                raise
+
+    def _load_drafter(self, spec: Any, llama: Any) -> Drafter:
+        if self.settings.type != "draft":
+            from .prompt_lookup import NgramDrafter
+
+            return NgramDrafter(self.settings.ngram_max, self.settings.ngram_min)
+        from . import hardware
+        from .draft_model import DraftModel
+
+        draft = DraftModel(self.settings.draft_path, target_vocab=llama.n_vocab, n_ctx_per_seq=spec.n_ctx,
+                           n_seq_max=spec.n_seq_max, n_batch=spec.n_batch, n_threads=spec.n_threads,
+                           n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
+                           kv_unified=spec.kv_unified, extra_buffers=hardware.use_extra_buffers(
+                               spec.cpu_extra_buffers, hardware.system_info()))
+        if self.settings.adaptive:
+            try:
+                draft.measure()
+            except BaseException:
+                draft.close()
+                raise
+        log.info("model %s: draft model %s loaded", spec.id, self.settings.draft_path)
+        return draft
+
+    def _measure_step_cost(self, spec: Any, batch: Any) -> StepCost:
+        """The decode time of a step by its rows (logits at each, as a verification has), timed on this context
+        before it serves (about 0.5 s on 2 CPU cores, milliseconds on a GPU): what an adaptive draft weighs its
+        expected gain against. Where it cannot be timed, rows are taken to cost as a token each, and adaptive
+        drafting then verifies nothing."""
+        from .llama import decode
+
+        llama, settings = self.llama, self.settings
+        most = min(batch.capacity, spec.n_ctx - 1, settings.max_sequences * (settings.n_max + 1))
+        sizes = sorted({min(n, most) for n in (1, 2, 4, 8, 16, 32, 64) if n <= max(most, 1)} | {max(most, 1)})
+        token = llama.tokenize_prompt(" the", False)[-1]
+
+        def decode_rows(n: int) -> None:
+            batch.clear()
+            for pos in range(n):
+                batch.add(token, pos, 0, True)
+            try:
+                if decode(llama, batch) != 0:
+                    raise RuntimeError(f"llama_decode failed on {n} rows")
+            finally:
+                llama.seq_rm(0, 0, -1)
+                batch.clear()
+
+        try:
+            cost = StepCost.measure(decode_rows, sizes)
+        except Exception:  # noqa: BLE001 - speculation stays safe (off in effect), the model serves
+            log.exception("model %s: could not time its decode steps; adaptive drafting verifies nothing", spec.id)
+            return StepCost({1: 1.0, 2: 2.0})
+        log.info("model %s: decode step by rows (ms) %s", spec.id,
+                 {n: round(s * 1e3, 2) for n, s in cost.as_dict().items()})
+        return cost
+
+    def budget(self, req: Any) -> DraftBudget | None:
+        """A generation's draft length, None where it never drafts: speculation off by the request, or a
+        request's n_max of 0."""
+        if not req.speculative:
+            return None
+        if self.settings.type == "draft" and req.images:
+            return None  # the draft model would read an image's positions as its placeholder tokens
+        n_max = req.spec_n_max if req.spec_n_max is not None else self.settings.n_max
+        n_min = req.spec_n_min if req.spec_n_min is not None else self.settings.n_min
+        return DraftBudget(n_max, n_min, self.settings.adaptive) if n_max > 0 else None
+
+    def sequence(self) -> Any:
+        """A new sequence's drafting state (prompt lookup's n-gram index)."""
+        return self.drafter.sequence()
+
+    def drafting(self, sequences: int) -> bool:
+        """Whether a step of `sequences` generating sequences drafts: a large batch is efficient on its own, and
+        drafts cost it more than they give (max_sequences)."""
+        return sequences <= self.settings.max_sequences
+
+    def choose(self, generating: list[Any], room: int, n_ctx: int) -> dict[int, list[int]]:
+        """The draft tokens each generating slot verifies this step (by slot index): up to what its n_max, the
+        batch's `room`, its max_tokens and its context leave (each row samples one token more), as many as its
+        budget finds worth their rows. A costly drafter (a draft model) is asked only for sequences whose drafts
+        may pay, and now and then for a short probe. A proposal not verified is watched: the tokens generated
+        next measure the acceptance it would have had."""
+        cost, sequences, draft_s = self.step_cost, len(generating), self.drafter.seconds_per_token()
+        rows = sequences
+        asks: list[tuple[Any, DraftAsk]] = []
+        for slot in generating:
+            gen = slot.gen
+            if gen.draft is None:
+                continue
+            k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, n_ctx - gen.n_past - 2)
+            if k > 0 and not self.drafter.cheap:
+                k = gen.draft.tokens_to_ask(k, cost, rows, sequences, draft_s)
+            if k > 0:
+                asks.append((slot, DraftAsk(slot.index, slot.tokens, gen.last_token, k, gen.drafter)))
+        if not asks:
+            return {}
+        chosen: dict[int, list[int]] = {}
+        for (slot, _), proposal in zip(asks, self.drafter.propose_all([ask for _, ask in asks])):
+            budget = slot.gen.draft
+            n = min(budget.length(len(proposal), cost, rows, sequences, draft_s), room) if proposal else 0
+            if n == 0:
+                budget.watch(proposal)
+                continue
+            chosen[slot.index] = proposal[:n]
+            room -= n
+            rows += n
+        return chosen
+
+    def verify(self, slot: Any, tokens: list[int], sample: Callable[[Any], None]) -> None:
+        """A generating sequence decoded with drafts (`tokens` is [last token, drafts...], logits at each row): row j
+        is sampled with the request's own sampler (`sample(slot)`: grammar, logit bias, penalties, its RNG), exactly
+        as the step after accepting drafts 1..j would have sampled it; the token is emitted through the per-token
+        bookkeeping of the engine's sampling; if it is the next draft, that draft is accepted and row j+1 is
+        sampled, otherwise the sampled token is this step's last. The drafter is deterministic given the tokens so
+        far, so each emitted token is drawn from the target's distribution given the tokens before it: the output
+        distribution is the model's own (greedy: its greedy tokens, up to the near-ties a batch of another shape
+        may order differently), and a seeded request draws its RNG once per emitted token, as without drafts. The
+        rejected drafts' KV is then cut."""
+        gen = slot.gen
+        drafts, gen.drafts = gen.drafts, []
+        first = gen.logits_at
+        slot.advanced(tokens[:1])
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            gen.logits_at = first + j
+            sample(slot)
+            if slot.gen is not gen or j == len(drafts) or gen.last_token != drafts[j]:
+                break  # finished (stop, end of generation, a limit), failed, or the draft was not picked
+            slot.advanced([drafts[j]])
+            accepted += 1
+        c = self.counters
+        c.drafts, c.draft_tokens, c.accepted_tokens = c.drafts + 1, c.draft_tokens + len(drafts), \
+            c.accepted_tokens + accepted
+        gen.draft.verified(len(drafts), accepted)
+        if accepted < len(drafts):
+            # The KV past what the slot holds (its tokens: kept even when the request ended) is rejected drafts.
+            self.llama.seq_rm(slot.index, len(slot.tokens), -1)
+
+    def stats(self) -> dict[str, Any]:
+        return {"spec_decode": self.counters.as_dict(),
+                "spec_step_ms": {n: round(t * 1e3, 3) for n, t in self.step_cost.as_dict().items()}}
+
+    def close(self) -> None:
+        close = getattr(self.drafter, "close", None) if hasattr(self, "drafter") else None
+        if close is not None:
+            close()

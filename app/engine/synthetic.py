@@ -23,7 +23,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from .admission import in_share_order
 from .decode_thread import DecodeThread
 from .errors import ContextExceeded, EngineError, bad_input
@@ -40,7 +40,7 @@ WORDS = ("the ", "model ", "serves ", "many ", "streams ", "at ", "once ", "and 
 @dataclass(frozen=True)
 class SyntheticRates:
     """How fast the pretended accelerator is: prefill tokens per second, and the duration of one decode
-    step (ms) measured at a few batch sizes (sequences decoding together). The preset (app/config/settings.py
+    step (ms) measured at a few batch sizes (sequences decoding together). The preset (app/config/schema.py
     SYNTHETIC_PRESETS, `h200-smollm2-135m`) is the SmolLM2-135M Q4_1 engine on one H200 in `make gpu-check`:
     735, 2583 and 3368 tok/s with 1, 16 and 64 sequences, i.e. steps of 1.36, 6.19 and 19.0 ms. Prefill was
     not measured there: its 50,000 tok/s is an assumption (prompts of a few dozen tokens make it matter little)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, PromptLogprobs, Started, Text

@@ -11,7 +11,9 @@ import dataclasses
 
 import pytest
 
-from app.config.settings import ConfigError, ModelConfig, SpeculativeConfig, SpeculativeSpec, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig, SpeculativeConfig
+from app.config.spec import SpeculativeSpec
 from app.engine import LlamaEngine
 from app.engine.draft_model import DraftModel, DraftVocabMismatch
 from app.engine.speculation import StepCost
@@ -81,13 +83,13 @@ def test_adaptive_drafting_counts_the_drafts_own_decode(bundled_spec):
     drafts."""
     eng = draft_engine(bundled_spec, bundled_spec.path, adaptive=True, slots=2)
     try:
-        assert eng._drafter.seconds_per_token() > 0
-        eng.step_cost = CPU
+        assert eng.speculation.drafter.seconds_per_token() > 0
+        eng.speculation.step_cost = CPU
         prompts = [chat(eng.spec, t) for t in COPY[:2]]
         boxes = run(eng, prompts, max_tokens=48)
         assert counters(eng)["num_draft_tokens"] == 0, counters(eng)
         assert all("apples" in b.text or "def add" in b.text for b in boxes)
-        eng.step_cost = StepCost({1: 1.0, 64: 1.0})  # rows free, a second a step: the draft's milliseconds are nothing
+        eng.speculation.step_cost = StepCost({1: 1.0, 64: 1.0})  # rows free, a second a step: the draft's milliseconds are nothing
         run(eng, prompts, max_tokens=48)
         assert counters(eng)["num_accepted_tokens"] > 0, counters(eng)
     finally:

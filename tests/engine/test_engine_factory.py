@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.settings import ModelConfig, SyntheticSettings, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig, SyntheticSettings
 from app.engine import GenerationRequest
 from app.engine.embedder import EmbeddingEngine
 from app.engine.engine import LlamaEngine

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from app.api.errors import as_api_error
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from app.engine import GenerationRequest, SamplingParams
-from app.engine.events import Failed, Finished, Text
+from app.engine.events import Finished, Text
 from app.engine.params import IMAGE_MARKER, ImageInput
 from app.engine.vision import ImageSpan
 from app.prompt.chat_template import render_prompt

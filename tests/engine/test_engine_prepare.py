@@ -107,10 +107,19 @@ def test_a_request_cancelled_before_admission_frees_its_samplers(engine, bundled
 
 
 def test_a_prepared_request_that_is_never_submitted_is_discarded(engine, bundled_spec):
+    """Its stream gave up while `prepare` ran (on the preparation pool): what it prepared is freed, never queued."""
+    started = threading.Event()
+    real_prepare = engine.prepare
+
+    def slow_prepare(req, sink):
+        started.set()
+        time.sleep(0.2)  # still preparing when the stream is cancelled
+        return real_prepare(req, sink)
+
     async def go():
         stream = generate_stream(engine, _request(_prompt(bundled_spec, "hi"), 4, grammar=GRAMMAR), 0)
         first = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)  # the prepare thread has started
+        await asyncio.to_thread(started.wait, 10)
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
@@ -119,21 +128,23 @@ def test_a_prepared_request_that_is_never_submitted_is_discarded(engine, bundled
     freed = []
     real = engine.discard
     engine.discard = lambda gen: (freed.append(gen), real(gen))
+    engine.prepare = slow_prepare
     try:
         run_until_idle(engine, go())
         deadline = time.monotonic() + 30
-        while not freed:  # the preparing thread may finish after the stream gave up
+        while not freed:  # the preparing thread finishes after the stream gave up
             assert time.monotonic() < deadline, "never discarded"
             time.sleep(0.01)
     finally:
         del engine.discard
+        del engine.prepare
     assert freed and freed[0].sampler is None
     assert engine.stats()["waiting"] == 0
 
 
 def test_placement_never_holds_the_lock_that_stats_and_submit_take(engine, bundled_spec, monkeypatch):
     answered = []
-    real = engine._place
+    real = engine.placement.place
 
     def slow_place(*args, **kwargs):
         # While this placement runs on the decode thread, another thread asks for stats.
@@ -142,7 +153,7 @@ def test_placement_never_holds_the_lock_that_stats_and_submit_take(engine, bundl
         t.join(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_place", slow_place)
+    monkeypatch.setattr(engine.placement, "place", slow_place)
     box = EventBox()
     engine.submit(engine.prepare(_request(_prompt(bundled_spec, "Say hi."), 2, temperature=0), box))
     assert box.wait(120)

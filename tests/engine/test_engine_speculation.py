@@ -21,10 +21,11 @@ from collections import Counter
 
 import pytest
 
-from app.config.settings import SpeculativeSpec
+from app.config.spec import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
-from app.engine.speculation import (PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, DraftBudget, NgramDrafter, NgramIndex,
+from app.engine.prompt_lookup import NgramDrafter, NgramIndex
+from app.engine.speculation import (PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, DraftBudget,
                                     StepCost)
 from app.grammar.request_grammars import json_grammar
 from app.prompt.chat_template import render_prompt
@@ -257,7 +258,7 @@ def test_adaptive_drafting_pays_for_rows_only_where_they_gain(bundled_spec):
     try:
         measured = eng.stats()["spec_step_ms"]
         assert measured[1] > 0 and max(measured) >= 16, measured
-        eng.step_cost = CPU  # this machine's figures, whatever the machine running the test
+        eng.speculation.step_cost = CPU  # this machine's figures, whatever the machine running the test
         prompts = [chat(eng.spec, t) for t in FREE]
         base = run(eng, prompts, speculative=False, max_tokens=48)
         spec_boxes = run(eng, prompts, max_tokens=48)
@@ -266,7 +267,7 @@ def test_adaptive_drafting_pays_for_rows_only_where_they_gain(bundled_spec):
         assert drafted <= generated / 4, (drafted, generated)
         for a, b in zip(base, spec_boxes):
             parted_at_a_tie(a, b)
-        eng.step_cost = StepCost.flat()
+        eng.speculation.step_cost = StepCost.flat()
         copies = run(eng, copy_prompts(eng)[:2], max_tokens=48)
         after = eng.stats()["spec_decode"]
         assert "apples, bananas, cherries" in copies[0].text

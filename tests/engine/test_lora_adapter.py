@@ -108,7 +108,7 @@ def test_scale_zero_gives_the_base_reply_and_a_scale_changes_it(lora_engine, pro
     a1 = _run(lora_engine, _request("a1", prompt, [("a1", 1.0)])).text
     assert base and zero == base
     assert a1 != base
-    assert lora.AdapterSet.of([(lora_engine._adapters["a1"], 0.0)]) == lora.BASE  # batches with the base
+    assert lora.AdapterSet.of([(lora_engine.adapters.loaded["a1"], 0.0)]) == lora.BASE  # batches with the base
 
 
 def test_two_adapters_and_the_base_at_once_each_give_their_own_reply(lora_engine, prompt):
@@ -134,7 +134,7 @@ def test_kv_is_reused_only_under_the_same_adapter_set(lora_engine, bundled_spec)
     # A prompt no earlier test decoded: no slot holds its KV under the base yet.
     prompt = render_prompt(bundled_spec.chat_template, [{"role": "user", "content": "Spell the word river."}])
     _idle(lora_engine)
-    lora_engine.load_adapter("scoped", lora_engine._adapters["a1"].path)  # its own KV scope
+    lora_engine.load_adapter("scoped", lora_engine.adapters.loaded["a1"].path)  # its own KV scope
     try:
         first = _run(lora_engine, _request("a1-first", prompt, [("scoped", 1.0)], cache_prompt=True))
         assert first.started.cached_tokens == 0  # the adapter's first prompt: nothing of its scope yet

@@ -1,4 +1,4 @@
-"""Which idle slot the engine gives a new prompt (LlamaEngine._place), on an engine whose decode thread
+"""Which idle slot the engine gives a new prompt (KVPlacement.place), on an engine whose decode thread
 is not started: the slots' token records are set by hand (their KV is empty, which _place only trims),
 so each case states exactly what every slot holds."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from app.engine.engine import MIN_COPY_TOKENS
+from app.engine.kv_placement import MIN_COPY_TOKENS
 from app.engine.slots import SlotState
 
 HEADER = list(range(1000, 1024))  # a chat template's first lines: every prompt starts with them
@@ -24,13 +24,13 @@ def idle_engine(bundled_spec):
 
 
 def place(engine, holds: list[list[int]], busy: set[int], prompt: list[int]) -> int:
-    for slot, tokens in zip(engine._slots, holds):
+    for slot, tokens in zip(engine.slots, holds):
         slot.tokens = list(tokens)
         slot.state = SlotState.GENERATING if slot.index in busy else SlotState.IDLE
     try:
-        return engine._place(prompt, "")[0].index
+        return engine.placement.place(prompt, "")[0].index
     finally:
-        for slot in engine._slots:
+        for slot in engine.slots:
             slot.tokens, slot.state = [], SlotState.IDLE
 
 

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from app.config.settings import ModelConfig, SyntheticSettings, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig, SyntheticSettings
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from app.engine.stream import generate_stream
