@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from ..model_sources.source import SourceError, parse_source
 from ..model_sources.splits import is_later_part, split_parts
-from .settings import MODEL_ID_RE, ModelConfig, PoolConfig, resolve_path
+from .paths import resolve_path
+from .schema import MODEL_ID_RE, ModelConfig, PoolConfig
 
 _SPLIT_SUFFIX = re.compile(r"^(?P<stem>.*)-\d{5}-of-\d{5}\.gguf$", re.I)  # as model_sources.splits names parts
 
