@@ -22,6 +22,7 @@ from typing import Any
 
 from app.api.errors import APIError, as_api_error, internal_error, overloaded, service_unavailable
 from app.observe.refusals import is_refusal
+from app.transport.stream_channels import ChannelLost
 
 log = logging.getLogger("ray.serve")
 
@@ -34,6 +35,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return api
     if isinstance(exc, serve_exc.BackPressureError):
         return overloaded()
+    if isinstance(exc, ChannelLost):
+        return service_unavailable(str(exc), code="replica_unavailable")
     if isinstance(exc, (serve_exc.DeploymentUnavailableError, ray_exc.ActorDiedError,
                         ray_exc.ActorUnavailableError, ray_exc.RayActorError)):
         return service_unavailable("A model replica failed while serving this request; retry shortly.",

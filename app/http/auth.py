@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 from ..tenants.policies import KeyPolicy
 from ..tenants.registry import KeyRegistry

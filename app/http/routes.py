@@ -40,7 +40,7 @@ ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
 
 
 class Handler(Enum):
-    """Which of the Ingress's handlers (app/http/server.py, `Endpoints`, a method of this name) answers a route."""
+    """Which of the Ingress's handlers (app/http/endpoints.py, `Endpoints`, a method of this name) answers a route."""
 
     GENERATE = "generate"  # a JSON body: the whole answer, or an SSE stream when the request asks to `stream`
     ANSWER = "answer"  # a JSON body: the whole answer

@@ -17,7 +17,8 @@ from ..embeddings import EmbeddingService
 from ..api.embeddings import EmbeddingRequest
 from ..api.rerank import RerankRequest
 from ..rerank import RerankService
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest

@@ -21,11 +21,12 @@ from starlette.testclient import TestClient
 
 from app.api.errors import APIError
 from app.api.schemas import TokenizeRequest
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.generation.caller import ANONYMOUS, Caller
 from app.http.openapi import Doc
 from app.http.routes import ROUTES, Handler, Route, RouteTable, Trace
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 from app.openai_responses.store import MemoryResponseStore
 from app.serving.processing import Answer, Processor
 from deployments.chat_processor import ChatProcessor, RemoteProcessing

@@ -37,8 +37,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.errors import service_unavailable
-
 log = logging.getLogger("ray.serve")
 
 TOKEN_BYTES = 16
@@ -83,9 +81,13 @@ class Closing:
     lost: bool = False
 
 
+class ChannelLost(ConnectionError):
+    """A stream's connection was lost before all its items came: the caller's `map_error` says it in the protocol's
+    terms (deployments/error_mapping.py: a 503 `replica_unavailable`)."""
+
+
 def channel_lost() -> Exception:
-    return service_unavailable("The connection to a replica was lost while streaming; retry shortly.",
-                               code="replica_unavailable")
+    return ChannelLost("The connection to a replica was lost while streaming; retry shortly.")
 
 
 # ----------------------------------------------------------------------------------------------------- callee

@@ -1,4 +1,4 @@
-"""Stream channels (app/serving/stream_channels.py) with real sockets on this machine: a sender and a receiver
+"""Stream channels (app/transport/stream_channels.py) with real sockets on this machine: a sender and a receiver
 on one event loop, each "Serve call" a task that runs the sender's side of the stream as a replica would."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from app.api.errors import APIError
-from app.serving import stream_channels as sc
+from app.transport import stream_channels as sc
 
 
 class Call:
@@ -204,10 +204,13 @@ def test_a_connection_lost_mid_stream_fails_its_streams_instead_of_hanging():
         for link in list(sender.links.values()):  # the connection is reset under the stream
             link.writer.transport.abort()
         gate.set()
-        with pytest.raises(APIError) as err:
+        with pytest.raises(sc.ChannelLost) as err:
             async with asyncio.timeout(10):
                 await task
-        assert err.value.status == 503
+        from deployments.error_mapping import to_api_error  # what the deployments' callers make of it
+
+        api = to_api_error(err.value)
+        assert (api.status, api.code) == (503, "replica_unavailable")
     asyncio.run(main())
 
 

@@ -1,0 +1,195 @@
+"""The route handlers (one per `Handler` of the route table), over the processing, the models' health, their cards
+and the server's settings: read and check the request, hand it to the processing, answer its body or frame its
+stream; the server's own answers (models, health, its OpenAPI document)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ..api.errors import invalid_request, model_not_found
+from ..generation.caller import ANONYMOUS
+from ..serving.health import HealthCache, health_body
+from ..serving.models import READY, ModelState
+from ..serving.processing import Processing
+from ..serving.reply_headers import WithHeaders, split_headers
+from .auth import KeyChecker
+from .browser_guard import BrowserPolicy
+from .errors import error_event, error_response
+from .json_body import JSONBody
+from .keepalive import Tick, with_ticks
+from .request_state import caller_of, policy_of
+from .model_cards import ModelCard, PoolStates
+from .openapi import openapi_document
+from .request_body import read_json
+from .routes import Route, RouteTable
+from .sse import SSE_HEADERS, SSEDialect, frame_stream
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    keys: KeyChecker = KeyChecker(())
+    stream_keepalive_s: float = 15.0  # 0: no keep-alive comments, headers wait for the model
+    browser: BrowserPolicy = BrowserPolicy()  # the Hosts and Origins answered (app/http/browser_guard.py)
+
+
+# How long an accepted stream waits for the model before its headers go out: errors the model finds
+# at once (prompt past the context) keep their HTTP status, a queued request is not left headerless.
+HEADER_GRACE_S = 1.0
+
+
+def json_answer(answer: Any) -> JSONBody:
+    """A whole answer of the processing: a body, or a body with the headers it goes out with (WithHeaders)."""
+    if isinstance(answer, WithHeaders):
+        return JSONBody(answer.body, headers=answer.headers)
+    return JSONBody(answer)
+
+
+class Endpoints:
+    """The route handlers (one per `Handler` of the route table), over the processing, the models' health, their
+    cards and the server's settings. Each takes the HTTP request and its line of the table."""
+
+    def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
+                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None) -> None:
+        self.processing = processing
+        self.pool_states = pool_states
+        self.health_cache = health
+        self.cards = {m.id: m for m in models}
+        self.settings = settings
+        self.spec = openapi_document(table.routes)
+
+    async def generate(self, request: Request, route: Route) -> Response:
+        """A generating route: the whole body, or its stream framed by the route's framing; errors (and the error
+        event that ends a stream under way) in the route's shape."""
+        try:
+            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request)
+            caller = caller_of(request) or ANONYMOUS
+            if not req.stream:
+                return json_answer(await self.processing.respond(req, caller))
+            framing = route.framing()
+            events, first, headers = await self._open_stream(self.processing.stream(req, caller))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+        scope = request.scope
+        return StreamingResponse(_sse(first, events, framing.dialect,
+                                      lambda exc: framing.error_event(error_event(exc, route.errors, scope))),
+                                 media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+    async def answer(self, request: Request, route: Route) -> Response:
+        """A route answered whole (embeddings, rerank, token counts, /tokenize...)."""
+        try:
+            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request)
+            return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def from_path(self, request: Request, route: Route) -> Response:
+        """A route whose request is its path (GET and DELETE /v1/responses/{id}: the caller's stored response)."""
+        try:
+            req = route.parse(request)
+            return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    def admits(self, request: Request, route: Route) -> bool:
+        """Whether the caller may call the route: an admin route is an admin key's (KeyPolicy.admin), or anyone's
+        on a server without keys (its local user's: the browser guard keeps web pages out)."""
+        if not route.admin or not self.settings.keys.enabled:
+            return True
+        policy = policy_of(request)
+        return policy is not None and policy.admin
+
+    async def _open_stream(self, events: AsyncIterator[Any]
+                           ) -> tuple[AsyncIterator[Any], list[dict] | Tick, dict[str, str]]:
+        """The stream, its first output and the headers it goes out with, pulled before answering so that
+        errors found before it keep their HTTP status. The backend's first item comes once planning is done (the
+        client's errors: 400), led by the key's rate-limit headers when it has limits (StreamHeaders); then the
+        model's first batch is awaited for HEADER_GRACE_S at most (less with a shorter keep-alive) before the
+        headers go out with a keep-alive, whatever the queue."""
+        headers, first = split_headers(await anext(events))
+        interval = self.settings.stream_keepalive_s
+        if interval > 0:
+            events = with_ticks(events, interval, first_s=min(interval, HEADER_GRACE_S))
+        while not first:  # the "accepted" marker: wait for the model's first batch or a tick
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                break
+        return events, first, headers
+
+    def _checked(self, req: Any, request: Request) -> Any:
+        """The checks that need the server, not a model: message count, model name (one the key may use: any
+        other is unknown to it, as OpenAI answers), stream options."""
+        messages = getattr(req, "messages", None) or []
+        if len(messages) > self.settings.max_messages:
+            raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
+                                  f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
+        card = self.cards.get(req.model)
+        if card is None or not card.allowed(policy_of(request)):
+            raise model_not_found(req.model)
+        if getattr(req, "stream_options", None) is not None and not req.stream:
+            raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
+        return req
+
+    async def list_models(self, request: Request, route: Route) -> Response:
+        """The models the caller's key may use, each with its state."""
+        states, policy = await self._pool_states(), policy_of(request)
+        return JSONBody({"object": "list", "data": [_with_state(c, states) for c in self.cards.values()
+                                                    if c.allowed(policy)]})
+
+    async def get_model(self, request: Request, route: Route) -> Response:
+        model_id = request.path_params["model_id"]
+        card = self.cards.get(model_id)
+        if card is None or not card.allowed(policy_of(request)):
+            return error_response(model_not_found(model_id), scope=request.scope)
+        return JSONBody(_with_state(self.cards[model_id], await self._pool_states()))
+
+    async def _pool_states(self) -> dict[str, str]:
+        if self.pool_states is None or not any(c.pool for c in self.cards.values()):
+            return {}
+        return await self.pool_states()
+
+    async def health(self, request: Request, route: Route) -> Response:
+        states = await self.health_cache.get()
+        detailed = not self.settings.keys.enabled or caller_of(request) is not None
+        status, body = health_body(states, [m for m, c in self.cards.items() if c.parent is None], detailed)
+        return JSONBody(body, status_code=status)
+
+    async def openapi(self, request: Request, route: Route) -> Response:
+        return JSONBody(self.spec)
+
+
+def _with_state(card: ModelCard, pool_states: dict[str, str]) -> dict[str, Any]:
+    """A card, with a pooled model's state: `loaded` (a replica holds it), `loading`, or `available` (its first
+    request loads it)."""
+    body = card.to_dict()
+    if card.pool:
+        body["state"] = pool_states.get(card.id, "available")
+    return body
+
+
+def all_ready(models: list[ModelCard]):
+    async def states() -> dict[str, ModelState]:
+        return {m.id: READY for m in models}
+    return states
+
+
+async def _sse(first: list[dict[str, Any]] | Tick, events: AsyncIterator[Any], dialect: SSEDialect,
+               on_error: Callable[[BaseException], dict[str, Any]]) -> AsyncIterator[bytes]:
+    async def batches() -> AsyncIterator[Any]:
+        yield first
+        async for item in events:
+            yield item
+
+    try:
+        async for chunk in frame_stream(batches(), on_error, dialect):
+            yield chunk
+    finally:
+        # Client gone: close the source now (cancels the generation, frees the slot), not at GC.
+        await events.aclose()
