@@ -13,7 +13,8 @@ import argparse
 import json
 import threading
 
-from app.config.settings import ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.prompt.chat_template import render_prompt

@@ -16,7 +16,8 @@ import queue
 import threading
 import time
 
-from app.config.settings import ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers

@@ -42,7 +42,8 @@ from typing import Any
 
 import yaml
 
-from app.config.settings import SYNTHETIC_PRESETS, deployment_name
+from app.config.resolution import SYNTHETIC_PRESETS
+from app.config.spec import deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
 from app.ops.ray_env import CLUSTER_RAY_ENV, LOCAL_RAY_ENV, QUIET_RAY_ENV
@@ -57,7 +58,7 @@ APP = "llamaray"
 MODEL_ID = "smollm2-135m"
 MODEL_DEPLOYMENT = deployment_name(MODEL_ID)
 PRESET = "h200-smollm2-135m"
-STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/settings.py default; bench-graph.yaml keeps it)
+STREAM_INTERVAL_S = 0.025    # the model's stream_interval_ms (app/config/schema.py default; bench-graph.yaml keeps it)
 CHATML_OVERHEAD = 40         # bytes the synthetic model's chat template adds around a prompt (byte tokens)
 DIRECT_PORTS = (8480, 8490)  # the Ingress replicas' own HTTP ports with --http direct: [min, max)
 

@@ -11,7 +11,7 @@ from .procs import SERVING, TIERS, per_k_tokens
 # The targets, with one replica of each CPU tier at 64 streams: the H200's measured rate delivered.
 TARGET_REPLICAS = 1
 TARGET_STREAMS = 64
-TARGET_RATE = 3368.0          # tok/s: the H200 figure at 64 streams (app/config/settings.py SYNTHETIC_PRESETS)
+TARGET_RATE = 3368.0          # tok/s: the H200 figure at 64 streams (app/config/resolution.py SYNTHETIC_PRESETS)
 TARGET_DELIVERED = 0.95       # of the engine's tokens (and of that rate)
 TARGET_GAP_ADDED_MS = 100.0   # inter-chunk p99 added to the engine's own chunk interval
 # The engine's own time to a first token: the request waits for the step under way (half a step on

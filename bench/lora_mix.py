@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.config.settings import ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
 from app.prompt.chat_template import render_prompt

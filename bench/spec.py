@@ -35,7 +35,9 @@ from pathlib import Path
 
 import httpx
 
-from app.config.settings import ModelConfig, SpeculativeSpec, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
+from app.config.spec import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.prompt.chat_template import render_prompt

@@ -36,7 +36,9 @@ import jsonschema
 
 from app.api.schemas import ChatCompletionRequest
 from app.generation.plan import client_gbnf
-from app.config.settings import Limits, ModelConfig, resolve_model
+from app.config.app_args import Limits
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine import llama as llama_mod
 from app.engine.events import Failed, Finished, Text

@@ -8,13 +8,9 @@ from typing import Any
 from ray.serve import Application
 
 from app.prompt.preflight import preflight
-from app.config.settings import (
-    AppArgs,
-    ModelSpec,
-    deployment_name,
-    parse_args,
-    resolve_models,
-)
+from app.config.app_args import AppArgs, parse_args
+from app.config.resolution import resolve_models
+from app.config.spec import ModelSpec, deployment_name
 from app.ops.adapter_check import check_adapters
 from app.ops.placement import model_deployment_defaults
 from app.ops.pools import pool_deployment_defaults, pool_deployment_name, pool_plans, single_hosting_defaults

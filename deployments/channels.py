@@ -1,4 +1,4 @@
-"""This process's ends of the stream channels (app/serving/stream_channels.py): one listener for the streams it
+"""This process's ends of the stream channels (app/transport/stream_channels.py): one listener for the streams it
 calls (an Ingress's from the ChatProcessor, a ChatProcessor's from the models), one sender for the streams it
 serves. The listener binds the node's address as Ray knows it, so callers on other nodes can reach it."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from app.serving.stream_channels import ChannelReceiver, ChannelRoute, ChannelSender
+from app.transport.stream_channels import ChannelReceiver, ChannelRoute, ChannelSender
 
 from app.api.errors import as_api_error
 from app.observe.refusals import is_refusal

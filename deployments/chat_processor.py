@@ -11,12 +11,13 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig, deployment_name
+from app.config.app_args import AuthConfig, Limits, TracingConfig
+from app.config.spec import ModelSpec, deployment_name
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
 from app.generation.caller import Caller
 from app.serving.processing import Processor
-from app.serving.stream_channels import ChannelRoute
+from app.transport.stream_channels import ChannelRoute
 from app.serving.traced_models import traced_models
 
 from .channels import channel_info, served, stream_call

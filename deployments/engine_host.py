@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import ray
 
 from app.api.errors import overloaded, service_unavailable, wrong_kind
-from app.config.settings import ModelSpec, place
+from app.config.spec import ModelSpec, place
 from app.engine import GenerationRequest
 from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import embed

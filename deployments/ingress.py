@@ -1,4 +1,4 @@
-"""The Ingress: the Starlette app of app/http/server.py, one complete deployment class per topology, chosen
+"""The Ingress: the Starlette app of app/http/app.py, one complete deployment class per topology, chosen
 by the builder.
 
 - `GraphIngress` (topology `graph`, the cluster's shape): HTTP, keys and SSE framing only; the processing
@@ -18,12 +18,15 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config.settings import AuthConfig, Limits, ModelSpec, TracingConfig
+from app.config.app_args import AuthConfig, Limits, TracingConfig
+from app.config.spec import ModelSpec
 from app.engine.jobs import StatsJob
 from app.http.auth import KeyChecker, load_key_registry, require_keys
 from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entries
 from app.http.routes import TABLE
-from app.http.server import ServerSettings, build_http_app, model_cards
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import model_cards
 from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
 from app.ops.pools import pool_deployment_name

@@ -8,12 +8,13 @@ from typing import Any
 
 from ray import serve
 
-from app.config.settings import ModelSpec, TracingConfig
+from app.config.app_args import TracingConfig
+from app.config.spec import ModelSpec
 from app.engine import GenerationRequest
 from app.engine.params import Job
 from app.serving.models import ModelState
 
-from app.serving.stream_channels import ChannelRoute
+from app.transport.stream_channels import ChannelRoute
 
 from . import model_status
 from .channels import channel_info, served

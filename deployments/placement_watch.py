@@ -19,7 +19,7 @@ from ray.experimental.internal_kv import _internal_kv_get
 from ray.serve.context import _get_global_client
 
 from app.api.errors import service_unavailable
-from app.config.settings import ModelSpec, deployment_name
+from app.config.spec import ModelSpec, deployment_name
 from app.ops.placement import fits, unplaceable_message, waiting_message
 from app.serving.models import LOADING, READY, ModelState
 

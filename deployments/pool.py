@@ -19,14 +19,15 @@ from typing import Any
 from ray import serve
 
 from app.api.errors import APIError, model_not_found, service_unavailable
-from app.config.settings import ModelSpec, TracingConfig
+from app.config.app_args import TracingConfig
+from app.config.spec import ModelSpec
 from app.engine import GenerationRequest
 from app.engine.params import Job
 from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
 from app.pools.plan import PoolPlan
-from app.serving.stream_channels import ChannelRoute
+from app.transport.stream_channels import ChannelRoute
 
 from . import pool_status
 from .channels import served

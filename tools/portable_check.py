@@ -55,7 +55,8 @@ def check_installed() -> dict:
     amx = [v for v in shipped if v in AMX_VARIANTS]
     assert not amx, f"the build ships AMX variants {amx} (llama.cpp #20824)"
 
-    from app.config.settings import ModelConfig, resolve_model
+    from app.config.resolution import resolve_model
+    from app.config.schema import ModelConfig
     from app.engine import hardware, llama
 
     info = hardware.system_info()

@@ -11,7 +11,8 @@ from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import ChatCompletionRequest
 from ..generation.images import check_images, load_images
 from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..tokenize.service import ModelTokens, prompt_count
 from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
 from ..generation.lifecycle import off_loop

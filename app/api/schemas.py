@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from ..config.settings import MAX_ADAPTER_SCALE
+from ..config.schema import MAX_ADAPTER_SCALE
 from .errors import APIError, invalid_request
 
 

@@ -9,14 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..api.schemas import ChatCompletionRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.events import Event
 from ..generation.adapters import Target
 from ..generation.caller import ANONYMOUS, Caller
 from ..generation.core import GenerationCore
 from ..generation.lifecycle import Lifecycle
 from ..generation.plan import GenerationPlan
-from ..generation.reading import Closed, Delta, Opened, ReplyEvent, ReplyReader
+from ..generation.reading import Delta, Opened, ReplyEvent, ReplyReader
 from ..generation.rounds import Generate
 from ..observe.request_records import RequestObserver, RequestRecord
 from .responses import ChunkMaker, chat_choice, completion_body

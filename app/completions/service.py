@@ -19,7 +19,8 @@ from ..generation.choices import merge
 from ..generation.plan import check_completion_limit, client_gbnf, completion_limit, sampling_from
 from ..generation.rounds import Generate, with_deadline
 from ..generation.tally import ReplyTally
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.admission import WAITING_PER_SLOT
 from ..engine.params import GenerationRequest

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..api.embeddings import EmbeddingRequest, inputs
 from ..api.errors import invalid_request, served_model
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.params import EmbeddingJob, EmbeddingResult
 from ..observe.request_records import NullObserver, RequestObserver
 from ..generation.caller import ANONYMOUS, Caller

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.errors import APIError, invalid_request, model_not_found, served_model
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from ..tenants.access import may_use
 from ..tenants.policies import KeyPolicy
 

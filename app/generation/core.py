@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from ..api.schemas import ChatCompletionRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.events import Event
 from ..prompt.tool_calling import resolve_reply_format
 from .adapters import Target, served_target

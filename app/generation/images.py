@@ -10,7 +10,8 @@ from typing import Any
 
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.params import ImageInput
 from .. import images as image_loader
 

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.errors import invalid_request, timeout_error
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
 from ..observe.tracing import traced
 from ..tenants.prep_pool import PREPARATION

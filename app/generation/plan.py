@@ -10,7 +10,8 @@ from typing import Any
 from ..api import strict_json
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.params import GenerationRequest, SamplingParams
 from ..grammar.request_grammars import GrammarLimits, client_grammar, json_grammar
 from ..parsers import ReplyParser

@@ -18,7 +18,7 @@ import io
 from PIL import Image, ImageOps
 
 from ..api.errors import APIError, invalid_request
-from ..config.settings import Limits
+from ..config.app_args import Limits
 from ..engine.params import ImageInput
 from .jpeg_scans import jpeg_scans
 from .source import EncodedImage

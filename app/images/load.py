@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from ..api.errors import invalid_request, overloaded
-from ..config.settings import Limits
+from ..config.app_args import Limits
 from ..engine.params import ImageInput
 from .decode import DecodeBudget, decode_image
 from ..tenants.prep_pool import PoolFull, PreparationPool

@@ -15,7 +15,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 import httpx
 
 from ..api.errors import invalid_request
-from ..config.settings import Limits
+from ..config.app_args import Limits
 
 _DATA_URL = re.compile(r"data:(?P<mime>[^;,]*)(?P<params>(?:;[^;,]*)*),", re.IGNORECASE)
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..api.errors import as_api_error
 
 if TYPE_CHECKING:
-    from ..config.settings import TracingConfig
+    from ..config.app_args import TracingConfig
     from ..engine.params import GenerationRequest
     from ..engine.timeline import Timeline
     from .request_records import RequestObserver, RequestRecord

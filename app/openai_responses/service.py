@@ -12,7 +12,8 @@ from typing import Any
 
 from ..api.errors import APIError, invalid_request
 from ..api.schemas import ChatCompletionRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.events import Event
 from ..generation.adapters import Target
 from ..generation.caller import ANONYMOUS, Caller

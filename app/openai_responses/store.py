@@ -4,7 +4,7 @@
 An entry is a JSON-able dict (the response object and what a follow-up turn needs); `owner` is the
 caller's key id (app/generation/caller.py), and an entry is only ever returned to its owner.
 
-`BoundedResponseStore` keeps entries in memory within bounds (app/config/settings.py, `Limits`): how many,
+`BoundedResponseStore` keeps entries in memory within bounds (app/config/app_args.py, `Limits`): how many,
 how many bytes (an entry's compact JSON encoding), and how long (`ttl_s` from its last write); and, for each
 owner, how many and how many bytes (`response_store_key_entries`/`_bytes`), so that one key cannot flush the
 others' conversations out.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..api import strict_json
-from ..config.settings import Limits
+from ..config.app_args import Limits
 
 log = logging.getLogger("llamaray.responses")
 

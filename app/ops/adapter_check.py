@@ -9,7 +9,8 @@ LlamaEngine.load_adapter): the builder reads no more of a remote file than its h
 
 from __future__ import annotations
 
-from ..config.settings import ConfigError, ModelSpec
+from ..config.schema import ConfigError
+from ..config.spec import ModelSpec
 from ..engine.lora import AdapterMismatch, BaseTensors, check_adapter
 from ..model_sources.gguf import GGUFError
 

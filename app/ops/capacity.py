@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..model_sources.gguf import read_metadata
-from ..config.settings import ModelConfig, ModelSpec
+from ..config.schema import ModelConfig
+from ..config.spec import ModelSpec
 
 GIB = 1 << 30
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config.settings import (
-    ConfigError,
-    ModelConfig,
-    ModelSpec,
-    deployment_name,
-    parse_args,
-    resolve_model,
-)
+from ..config.app_args import parse_args
+from ..config.resolution import resolve_model
+from ..config.schema import ConfigError, ModelConfig
+from ..config.spec import ModelSpec, deployment_name
 from ..config.pools import catalogue_entries
 from ..model_sources.redact import redacted
 from .adapter_check import check_adapters, deferred_adapters

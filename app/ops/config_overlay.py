@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..config.settings import deployment_name
+from ..config.spec import deployment_name
 
 IDENTITY_KEYS = ("name", "id")
 

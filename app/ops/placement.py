@@ -10,7 +10,7 @@ import copy
 import math
 from typing import Any
 
-from ..config.settings import ModelConfig
+from ..config.schema import ModelConfig
 from ..routing.prefix_routing import max_chars_for
 
 # Code defaults of the two CPU deployments (their @serve.deployment decorators use these). The front door

@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config.settings import AppArgs, ModelConfig, ModelSpec, PoolConfig
+from ..config.app_args import AppArgs
+from ..config.schema import ModelConfig, PoolConfig
+from ..config.spec import ModelSpec
 from ..model_sources.gguf import GGUFError
 from ..pools.plan import MIB, PoolPlan, mib
 from .capacity import gguf_memory, local_gguf_files

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..api.errors import APIError, invalid_request, model_not_found
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from ..engine.params import Job
 from ..tenants.access import may_use
 from .manager import UNLOAD_WAIT_S, PoolManager

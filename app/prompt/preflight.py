@@ -3,7 +3,8 @@ template compiles and its reply format (reasoning, tool calls) resolves."""
 
 from __future__ import annotations
 
-from ..config.settings import ConfigError, ModelSpec
+from ..config.schema import ConfigError
+from ..config.spec import ModelSpec
 from .chat_template import check_template
 from .tool_calling import resolve_reply_format
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from ..model_sources.cache import cache_root
 from ..model_sources.fetch import fetch, verify_sha256
 from ..model_sources.progress import Progress

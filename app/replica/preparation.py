@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..config.settings import ModelSpec
+from ..config.spec import ModelSpec
 from ..model_sources.fetch import FetchError
 from ..model_sources.progress import Progress
 from ..model_sources.redact import redacted

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from ..api.errors import invalid_request, served_model
 from ..api.rerank import RerankRequest, documents
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.params import RerankJob, RerankResult
 from ..observe.request_records import NullObserver, RequestObserver
 from ..generation.caller import ANONYMOUS, Caller
@@ -45,7 +46,7 @@ class RerankService:
 
     def job(self, req: RerankRequest, caller: Caller = ANONYMOUS) -> RerankJob:
         """The request as its reranker's engine takes it; a 400 for what can be told without the tokenizer."""
-        spec = served_model(self.models, req.model, "rerank", "/v1/rerank", caller.policy)
+        served_model(self.models, req.model, "rerank", "/v1/rerank", caller.policy)
         if not req.query:
             raise invalid_request("`query` is an empty string.", param="query", code="empty_input")
         texts = documents(req.documents, self.limits.max_rerank_documents)

@@ -13,7 +13,8 @@ from ..api.errors import KIND_SERVES, invalid_request
 from ..generation.adapters import reached_model
 from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
-from ..config.settings import Limits, ModelSpec
+from ..config.app_args import Limits
+from ..config.spec import ModelSpec
 from ..engine.jobs import CountPromptJob, DetokenizeJob, TokenizeJob
 from ..engine.params import ImageInput, Job
 from ..generation.lifecycle import off_loop

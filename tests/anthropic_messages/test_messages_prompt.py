@@ -9,7 +9,7 @@ from app.anthropic_messages.count import prompt_text
 from app.anthropic_messages.mapping import to_chat_request
 from app.anthropic_messages.schemas import parse_count_tokens_request, parse_messages_request
 from app.generation.plan import plan_request
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.prompt.tool_calling import resolve_reply_format
 
 SWITCHED = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"

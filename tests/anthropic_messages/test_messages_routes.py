@@ -11,11 +11,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.api.errors import overloaded, payload_too_large
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine.jobs import TokenizeJob
 from tests.support.engine_errors import mapped_stream
 from app.http.auth import KeyChecker
-from app.http.server import ServerSettings, build_http_app, model_cards
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import model_cards
 from app.serving.processing import Processor
 from tests.support.anthropic_spec import assert_valid, assert_valid_error
 from tests.support.events import wait_idle

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.generation.plan import check_client_grammar
 from bench.hostile import big_grammar, gaps_between, hostile_requests, parse_args
 from loadtools.loadgen import RequestResult

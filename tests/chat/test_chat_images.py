@@ -13,7 +13,7 @@ from app.api.errors import APIError
 from app.api.schemas import parse_chat_request
 from app.chat import ChatService
 from app.generation.images import load_images
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine.params import IMAGE_MARKER
 from tests.support.engine_errors import mapped_stream
 from app.prompt import content_marks

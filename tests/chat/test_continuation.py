@@ -17,7 +17,7 @@ from app.chat import ChatService
 from app.generation.plan import plan_request
 from app.generation.rounds import continuation_room
 from app.generation.tally import ReplyTally
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
 from tests.support.engine_errors import mapped_stream

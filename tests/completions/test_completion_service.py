@@ -19,7 +19,7 @@ from app.api.schemas import (
 )
 from app.generation.plan import plan_request
 from app.completions import CompletionService
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine.events import Finished, PromptLogprobs, Started, Text, TokenLogprob
 from app.engine.jobs import DetokenizeJob, TokenizeJob
 from app.engine.params import GenerationRequest
@@ -41,7 +41,7 @@ def spec(bundled_spec_like):
 
 @pytest.fixture
 def bundled_spec_like():
-    from app.config.settings import ModelSpec
+    from app.config.spec import ModelSpec
 
     return ModelSpec(id=MODEL, path="/nonexistent.gguf", n_ctx=512, n_seq_max=4, n_batch=64, n_threads=1,
                      n_threads_batch=1, n_gpu_layers=0, kv_unified=True, cpu_extra_buffers="auto",

@@ -9,15 +9,11 @@ import struct
 import pytest
 import yaml
 
-from app.config.settings import (
-    AppArgs,
-    ConfigError,
-    ModelConfig,
-    deployment_name,
-    parse_args,
-    resolve_model,
-    resolve_path,
-)
+from app.config.app_args import AppArgs, parse_args
+from app.config.paths import resolve_path
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig
+from app.config.spec import deployment_name
 from app.ops.cli import main as cli_main
 from app.ops.config_overlay import merge
 
@@ -350,7 +346,7 @@ def test_a_limit_is_a_finite_number(field, value):
     """YAML's `.inf`/`.nan` parse as floats: a non-finite deadline or bound is refused when the config is read."""
     from pydantic import ValidationError
 
-    from app.config.settings import Limits
+    from app.config.app_args import Limits
 
     with pytest.raises(ValidationError, match=field):
         Limits(**{field: value})

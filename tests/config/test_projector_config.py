@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.settings import ConfigError, ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig
 from tests.config.test_config import BUNDLED, config_error, write_gguf
 
 SMOLLM2_WIDTH = 576  # llama.embedding_length of the bundled model

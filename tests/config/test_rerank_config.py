@@ -7,7 +7,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from app.config.settings import ConfigError, ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig
 from app.ops.cli import main as cli_main
 from tests.support.serve_harness import ROOT
 

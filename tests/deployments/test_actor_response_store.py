@@ -9,7 +9,7 @@ import pytest
 from ray import exceptions as ray_exc
 
 from app.api.errors import APIError
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from deployments.response_store import STORE_ACTOR, ActorResponseStore, ResponseStoreActor, response_store_actors
 
 

@@ -117,7 +117,7 @@ def test_embedding_requests_count_against_the_same_bound():
 def test_an_adapter_that_cannot_load_is_a_503_naming_why_while_the_rest_serve():
     """load_adapters: each of the spec's adapters into the engine; one refused (another base, a bad file) is
     reported, and its requests get a 503 saying why, while the base model and the other adapters serve."""
-    from app.config.settings import AdapterSpec
+    from app.config.spec import AdapterSpec
     from deployments.engine_host import load_adapters
 
     class Loader:

@@ -12,7 +12,7 @@ from ray import exceptions as ray_exc
 from app.tenants.gate import TenantGate
 from app.tenants.ledger import Usage
 from app.tenants.policies import KeyPolicy, TokenBudget, key_hash
-from app.config.settings import AuthConfig
+from app.config.app_args import AuthConfig
 from deployments.tenant_ledger import LEDGER_ACTOR, ActorLedger, LedgerActor, ledger_actors
 
 POLICY = KeyPolicy(name="team", key_sha256=key_hash("k"), requests_per_minute=2,

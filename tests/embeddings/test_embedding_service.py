@@ -12,7 +12,8 @@ import pytest
 from app.api.embeddings import EmbeddingRequest
 from app.api.errors import APIError
 from app.api.schemas import parse_request
-from app.config.settings import Limits, ModelSpec
+from app.config.app_args import Limits
+from app.config.spec import ModelSpec
 from app.embeddings import EmbeddingService
 from app.engine.params import EmbeddingJob, EmbeddingResult
 

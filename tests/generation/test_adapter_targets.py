@@ -11,7 +11,7 @@ import pytest
 
 from app.api.errors import APIError
 from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
-from app.config.settings import AdapterSpec
+from app.config.spec import AdapterSpec
 from app.engine.events import Finished, Started, Text
 from app.generation.adapters import served_target, split_model
 from tests.generation.test_lifecycle import SERVICES, SPEC, Records

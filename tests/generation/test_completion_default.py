@@ -10,7 +10,8 @@ import pytest
 
 from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
 from app.completions.service import plan_completion
-from app.config.settings import Limits, ModelSpec
+from app.config.app_args import Limits
+from app.config.spec import ModelSpec
 from app.generation.plan import plan_request
 from app.prompt.tool_calling import resolve_reply_format
 

@@ -21,7 +21,7 @@ from app.generation.reading import Closed, Delta, Opened, ReplyReader
 from app.openai_responses.schemas import parse_responses_request
 from app.openai_responses.service import ResponsesService
 from app.prompt.tool_calling import resolve_reply_format
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from tests.generation.test_lifecycle import MODEL, SPEC
 
 WORDS = ("The answer ", "is 4.")

@@ -15,7 +15,8 @@ from app.chat import ChatService
 from app.completions import CompletionService
 from app.api.errors import APIError
 from app.api.schemas import CompletionRequest, parse_chat_request, parse_request
-from app.config.settings import Limits, ModelSpec
+from app.config.app_args import Limits
+from app.config.spec import ModelSpec
 from app.engine.events import Finished, Started, Text
 from app.observe.request_records import RequestRecord
 from app.generation.lifecycle import recording

@@ -10,7 +10,10 @@ from pydantic import ValidationError
 from app.api.errors import APIError
 from app.api.schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from app.completions.service import plan_completion
-from app.config.settings import Limits, ModelConfig, SpeculativeConfig, SpeculativeSpec, speculative_spec
+from app.config.app_args import Limits
+from app.config.resolution import speculative_spec
+from app.config.schema import ModelConfig, SpeculativeConfig
+from app.config.spec import SpeculativeSpec
 from app.generation.core import GenerationCore
 from tests.generation.test_completion_default import SPEC
 

@@ -12,7 +12,7 @@ from llguidance import LLMatcher
 
 from app.api.errors import APIError
 from app.generation.plan import client_gbnf
-from app.config.settings import Limits
+from app.config.app_args import Limits
 
 
 def refusal(grammar: str, **limits) -> APIError:

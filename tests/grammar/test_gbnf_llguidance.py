@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from app.api.errors import APIError
 from app.generation.plan import client_gbnf
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine.constraint import Constraint, GrammarRefused, grammar_tokenizer
 from app.engine.llama import LlamaModelContext
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 from tests.support.waiting import wait_for
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from app.ops.placement import PREFIX_ROUTER_CLASS
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 

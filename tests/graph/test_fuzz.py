@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
 

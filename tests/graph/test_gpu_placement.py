@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 # A cluster of its own (logical GPUs, several replicas): a scenario for `make test-slow`.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

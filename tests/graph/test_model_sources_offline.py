@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.config.settings import CHATML_TEMPLATE, deployment_name
+from app.config.schema import CHATML_TEMPLATE
+from app.config.spec import deployment_name
 from app.model_sources.fetch import fetch
 from app.model_sources.header import pin
 from app.model_sources.progress import Progress
@@ -34,7 +35,7 @@ LOCKED_URL = f"http://alice:{SECRET}@127.0.0.1:9/models/m.gguf"
 def warm_cache(tmp_path_factory) -> Path:
     import os
 
-    from app.config.settings import resolve_path
+    from app.config.paths import resolve_path
 
     root = tmp_path_factory.mktemp("warm-cache")
     saved = os.environ.get("HF_ENDPOINT")

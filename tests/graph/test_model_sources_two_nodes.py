@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config.settings import deployment_name, resolve_path
+from app.config.paths import resolve_path
+from app.config.spec import deployment_name
 from tests.support.fake_hub import FILE, REPO, FakeHub
 from tests.support.serve_harness import BUNDLED, MODEL, POOL, ServeCluster, load_config
 from tests.support.waiting import wait_for

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.serve_harness import APP, MODEL, ServeCluster, load_config
 from tests.support.waiting import wait_for
 

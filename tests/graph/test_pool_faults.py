@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.config.settings import resolve_path
+from app.config.paths import resolve_path
 from app.ops.pools import pool_deployment_name
 from tests.support.serve_harness import pool_deployments, APP, BUNDLED, POOL, ServeCluster, load_config, sse_json
 from tests.support.waiting import wait_for

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.serve_harness import MODEL, POOL, SHAPES, ServeCluster, load_config, sse_json
 
 # A long scenario (a graph of its own with one slot, and streams that wait in its queue): `make test-slow`.

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from app.engine.jobs import StatsJob
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, free_port, load_config, sse_json

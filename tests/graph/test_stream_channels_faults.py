@@ -1,4 +1,4 @@
-"""The graph's data plane under many concurrent streams (app/serving/stream_channels.py): cancellation, a client
+"""The graph's data plane under many concurrent streams (app/transport/stream_channels.py): cancellation, a client
 that stops reading, Serve's back-pressure, and replicas killed mid-stream, on a cluster of its own (graph
 topology: every stream's items reach the ChatProcessor and the Ingress over the stream channels)."""
 
@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.serve_harness import MODEL, ServeCluster, load_config, sse_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a cluster of its own, replicas killed

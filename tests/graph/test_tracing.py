@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from loadtools.otlp_collector import CLIENT, SERVER, OTLPCollector
 from tests.support.serve_harness import APP, MODEL, ServeCluster, free_port, load_config, sse_json
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.config.settings import deployment_name
+from app.config.spec import deployment_name
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import MODEL, ServeCluster, load_config
 from tests.support.waiting import wait_for

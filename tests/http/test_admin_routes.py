@@ -12,7 +12,9 @@ from starlette.testclient import TestClient
 
 from app.http.auth import KeyChecker
 from app.http.browser_guard import browser_policy
-from app.http.server import ModelCard, ServerSettings, build_http_app
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
 from app.pools.admin import LoadModelRequest, PinModelRequest, PoolModelsRequest, UnloadModelRequest
 from app.tenants.policies import key_hash
 from app.tenants.registry import KeyRegistry

@@ -7,7 +7,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.http.auth import KeyChecker, MissingKeys, load_key_registry, require_keys
-from app.http.server import ModelCard, ServerSettings, build_http_app, route_path
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
+from app.http.request_state import route_path
 
 KEY = "sk-test-" + "k" * 24
 

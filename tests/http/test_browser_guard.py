@@ -13,10 +13,12 @@ from starlette.testclient import TestClient
 
 from app.anthropic_messages.schemas import CountTokensRequest
 from app.api.schemas import TokenizeRequest
-from app.config.settings import AuthConfig
+from app.config.app_args import AuthConfig
 from app.http.auth import KeyChecker
 from app.http.browser_guard import BrowserPolicy, browser_policy, entries, normal_origin, split_host
-from app.http.server import ModelCard, ServerSettings, build_http_app
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
 
 KEY = "sk-test-" + "k" * 24
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -12,7 +12,9 @@ from starlette.testclient import TestClient
 from app.api.errors import APIError
 from app.api.schemas import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from app.http.auth import KeyChecker
-from app.http.server import ModelCard, ServerSettings, build_http_app
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
 from tests.support.openapi_spec import assert_valid, assert_valid_completion
 
 KEY = "sk-test-" + "c" * 24

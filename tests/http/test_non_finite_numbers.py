@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 from app.generation.caller import Caller
 from tests.support.openapi_spec import assert_valid
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 
 
 class Backend:
@@ -27,8 +28,8 @@ def test_pooled_models_carry_their_pool_and_state():
 def test_each_card_says_its_kind_and_context_from_its_spec(bundled_spec):
     from dataclasses import replace
 
-    from app.config.settings import AdapterSpec
-    from app.http.server import model_cards
+    from app.config.spec import AdapterSpec
+    from app.http.model_cards import model_cards
 
     spec = replace(bundled_spec, id="chatty", n_ctx=1024, adapters=(AdapterSpec(name="a1", path="/x.gguf"),))
     embedder = replace(bundled_spec, id="vectors", kind="embedding", n_ctx=512, adapters=())

@@ -7,7 +7,8 @@ from app.anthropic_messages.errors import anthropic_error_body
 from app.api.errors import error_body
 from app.http.openapi import openapi_document
 from app.http.routes import ROUTES, TABLE
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 
 OPERATIONS = {
     ("/v1/chat/completions", "post"): "createChatCompletion", ("/v1/completions", "post"): "createCompletion",

@@ -11,7 +11,8 @@ from starlette.testclient import TestClient
 
 from app.api.errors import APIError, context_length_exceeded, invalid_request
 from app.api.schemas import ChatCompletionRequest
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 from app.generation.caller import Caller
 from app.serving.health import HealthCache
 from app.serving.models import LOADING, READY, ModelState
@@ -359,9 +360,9 @@ def test_every_failure_is_logged_once_with_its_cause_and_refusals_as_one_info_li
     import logging
     import pickle
 
-    from app.http import server
+    from app.http import errors
 
-    server.REFUSALS._last.clear()
+    errors.REFUSALS._last.clear()
     caplog.set_level(logging.INFO, logger="llamaray")
     backend.complete_result = APIError("busy", status=503, type="server_error", code="overloaded")  # busy: refused
     client.post(URL, json=BODY, headers={"x-request-id": "req-1"})
@@ -399,7 +400,7 @@ def test_adapters_are_listed_as_models_of_their_base(backend):
     lists LoRA modules); /health stays per model."""
     from dataclasses import dataclass
 
-    from app.http.server import model_cards
+    from app.http.model_cards import model_cards
 
     @dataclass
     class Spec:

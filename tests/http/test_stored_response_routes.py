@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 from starlette.testclient import TestClient
 
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.http.auth import KeyChecker
-from app.http.server import ModelCard, ServerSettings, build_http_app
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
 from app.openai_responses.store import MemoryResponseStore
 from app.generation.caller import Caller
 from app.serving.processing import Processor

@@ -12,7 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.api.errors import context_length_exceeded, invalid_request
-from app.http.server import ModelCard, ServerSettings, build_http_app
+from app.http.app import build_http_app
+from app.http.endpoints import ServerSettings
+from app.http.model_cards import ModelCard
 from tests.support.openapi_spec import assert_valid
 
 URL = "/v1/chat/completions"

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from app.api.errors import APIError
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.engine.params import ImageInput
 from app.images import load, load_images
 from app.images.decode import decode_image

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from app.api.errors import APIError
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.images import load_image
 from tests.support.hostile_images import HOSTILE_IMAGES, RED, data_url, encode, png_claiming, solid
 

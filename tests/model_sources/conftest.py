@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.settings import resolve_path
+from app.config.paths import resolve_path
 from tests.support.fake_hub import FILE, REPO, FakeHub
 from tests.support.serve_harness import BUNDLED
 

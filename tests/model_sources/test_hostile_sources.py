@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.config.settings import ConfigError, ModelConfig, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ConfigError, ModelConfig
 from app.model_sources import fetch as fetch_module
 from app.model_sources.cache import url_dir
 from app.model_sources.fetch import FetchError, fetch

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.config.settings import ConfigError, parse_args
+from app.config.app_args import parse_args
+from app.config.schema import ConfigError
 from app.model_sources.quant import QuantError, pick_quant, quant_tag
 from app.model_sources.source import SourceError, parse_source
 from app.model_sources.splits import is_later_part, split_parts

@@ -12,7 +12,8 @@ from opentelemetry.trace import SpanKind
 from starlette.testclient import TestClient
 
 from app.observe import tracing
-from app.config.settings import ConfigError, Limits, TracingConfig, parse_args
+from app.config.app_args import Limits, TracingConfig, parse_args
+from app.config.schema import ConfigError
 from app.engine.jobs import DetokenizeJob, StatsJob, TokenizeJob
 from app.engine.events import Finished, Started, Text
 from app.engine.params import GenerationRequest, SamplingParams
@@ -21,7 +22,9 @@ from app.engine.timeline import Timeline
 from app.api.errors import APIError, invalid_request
 from app.api.schemas import parse_chat_request
 from app.http.routes import TABLE
-from app.http.server import TraceMiddleware, build_http_app, model_cards
+from app.http.app import build_http_app
+from app.http.middleware import TraceMiddleware
+from app.http.model_cards import model_cards
 from app.generation.caller import ANONYMOUS
 from app.serving.processing import Processor
 from app.serving.traced import HopProcessing, traced_processing

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.openai_responses.store import BoundedResponseStore, MemoryResponseStore, encode_entry
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.openai_responses.store import BoundedResponseStore, MemoryResponseStore, encode_entry
 
 

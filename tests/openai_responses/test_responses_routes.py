@@ -9,7 +9,8 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.api.errors import invalid_request
-from app.http.server import ModelCard, build_http_app
+from app.http.app import build_http_app
+from app.http.model_cards import ModelCard
 from app.openai_responses.schemas import InputTokensRequest, ResponsesRequest
 from app.generation.caller import Caller
 from tests.support.responses_events import assert_valid_event

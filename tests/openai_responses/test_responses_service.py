@@ -221,7 +221,7 @@ def test_requests_are_recorded_under_the_responses_protocol(bundled_spec, models
 
 
 def test_the_processor_serves_responses_with_the_store_it_is_given(bundled_spec, models):
-    from app.config.settings import Limits
+    from app.config.app_args import Limits
     from app.openai_responses.schemas import InputTokensRequest, ResponsesRequest
     from app.serving.processing import OPERATIONS, Processor
 

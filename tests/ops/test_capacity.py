@@ -3,11 +3,12 @@ memory measured from the GGUF) against what a node or a cluster file has, in bot
 
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from app.model_sources.gguf import read_metadata
-from app.config.settings import deployment_name, resolve_model, ModelConfig
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
+from app.config.spec import deployment_name
 from app.ops.capacity import (
     GIB,
     Capacity,

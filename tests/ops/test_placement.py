@@ -10,7 +10,9 @@ import pathlib
 import pytest
 import yaml
 
-from app.config.settings import ModelConfig, deployment_name, place, resolve_model
+from app.config.resolution import resolve_model
+from app.config.schema import ModelConfig
+from app.config.spec import deployment_name, place
 from app.ops.cli import main as cli_main
 from app.ops.config_check import check_config
 from app.ops.placement import (

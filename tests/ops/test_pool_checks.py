@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.config.settings import parse_args, resolve_models, resolve_path
+from app.config.app_args import parse_args
+from app.config.paths import resolve_path
+from app.config.resolution import resolve_models
 from app.ops.capacity import kv_cache_bytes
 from app.model_sources.gguf import read_metadata
 from app.ops.config_check import check_config

@@ -13,7 +13,8 @@ import re
 import jsonschema
 import yaml
 
-from app.config.settings import parse_args, resolve_path
+from app.config.app_args import parse_args
+from app.config.paths import resolve_path
 from app.ops.cli import main as cli_main
 from app.ops.config_check import check_config
 

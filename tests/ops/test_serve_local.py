@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from app.ops.cli import main as cli_main
-from app.config.settings import ConfigError, deployment_name, parse_args
+from app.config.app_args import parse_args
+from app.config.schema import ConfigError
+from app.config.spec import deployment_name
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.placement import INGRESS_DEFAULTS, ingress_hosting_defaults
 from app.ops.ray_env import LOCAL_RAY_ENV, QUIET_RAY_ENV, http_endpoint, local_ray_env, port_state, proxy_aside

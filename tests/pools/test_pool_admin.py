@@ -18,7 +18,7 @@ from app.pools.hosted import PooledHost
 from app.pools.manager import PoolManager
 from app.pools.plan import PoolPlan
 from app.tenants.policies import KeyPolicy
-from tests.pools.test_pool_manager import Clock, FakeEngine, Loader, answer, make
+from tests.pools.test_pool_manager import Clock, Loader, answer, make
 
 
 def test_a_pinned_model_survives_lru_pressure_and_an_unpinned_one_does_not():

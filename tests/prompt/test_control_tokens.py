@@ -20,7 +20,7 @@ import pytest
 from app.api.errors import APIError
 from app.api.schemas import TokenizeRequest, parse_chat_request, parse_request
 from app.generation.plan import plan_request
-from app.config.settings import Limits
+from app.config.app_args import Limits
 from app.prompt import content_marks
 from app.tokenize.service import TokenService
 from app.prompt.tool_calling import resolve_reply_format

@@ -10,7 +10,7 @@ import pytest
 
 from app.api.errors import APIError
 from app.model_sources.gguf import control_token_texts, read_metadata
-from app.config.settings import resolve_path
+from app.config.paths import resolve_path
 from app.prompt import chat_template, content_marks, prompt_check
 from app.prompt.prompt_check import ControlTexts, checked_prompt
 

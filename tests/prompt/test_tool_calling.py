@@ -12,7 +12,7 @@ from app.generation.plan import format_grammar
 from app.parsers import ReplyParser
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
 from tests.support.grammars import gbnf
-from app.config.settings import Limits
+from app.config.app_args import Limits
 
 QWEN_LIKE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>"
              "Call with <tool_call></tool_call>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")

@@ -10,7 +10,8 @@ import pytest
 from app.api.errors import APIError
 from app.api.rerank import RerankRequest
 from app.api.schemas import parse_request
-from app.config.settings import Limits, ModelSpec
+from app.config.app_args import Limits
+from app.config.spec import ModelSpec
 from app.engine.params import RerankJob, RerankResult
 from app.rerank import RerankService
 

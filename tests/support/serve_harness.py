@@ -294,7 +294,7 @@ class ServeCluster:
 
     def model_stats(self, model: str) -> dict[str, Any]:
         """`model`'s engine stats: from the Ingress that runs it (topology single), or its LlamaModel replica."""
-        from app.config.settings import deployment_name
+        from app.config.spec import deployment_name
         from app.engine.jobs import StatsJob
 
         if self.topology == "single":
@@ -303,7 +303,7 @@ class ServeCluster:
 
     def deployments(self) -> list[str]:
         """The app's deployments, as the topology has them."""
-        from app.config.settings import deployment_name
+        from app.config.spec import deployment_name
 
         if self.topology == "single":
             return ["Ingress"]
