@@ -50,10 +50,10 @@ from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.ray_env import LOCAL_RAY_ENV
 from app.pools.manager import FULL_RETRY_AFTER_S
 
-from .harness.arms import take_turns
+from .harness.arms import arms_parser, take_turns
 from .harness.bundled import SOURCE
 from .harness.procs import CpuMeter, wait_until_quiet
-from .harness.run import ROOT, VENV_BIN, comma_names, free_port, log, run_cli, start_run
+from .harness.run import ROOT, VENV_BIN, free_port, log, run_cli, start_run
 from .harness.servers import ServeDriverServer
 from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 from .reports.tables import fmt, write_run
@@ -294,24 +294,18 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
 # ---- main -------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.pool", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default="pool,dedicated", type=comma_names(ARMS), help="comma-separated, from: "
-                   + ", ".join(ARMS))
+    p = arms_parser("python -m bench.pool", __doc__, ARMS, rounds=2)
     p.add_argument("--duration", type=float, default=60.0, help="seconds an arm is measured per round")
-    p.add_argument("--rounds", type=int, default=2, help="segments per arm (the order alternates)")
     p.add_argument("--concurrency", type=int, default=8, help="clients, each one request at a time")
     p.add_argument("--zipf", type=float, default=1.0, help="popularity exponent s: model k asked 1/k^s")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--no-self-check", action="store_true",
                    help="startup_self_check: false (a model's load skips the decode in a child process)")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="before each segment, wait up to this long for other processes to use < 0.25 cores")
     p.add_argument("--lora-rounds", type=int, default=0,
                    help="then run `python -m bench.lora_mix --rounds N` (mixed vs homogeneous adapters); 0: not")
-    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
 
 

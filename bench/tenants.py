@@ -37,8 +37,8 @@ import yaml
 
 from app.tenants.policies import key_hash
 
-from .harness.arms import take_turns
-from .harness.run import ROOT, comma_names, free_port, log, run_cli, start_run
+from .harness.arms import arms_parser, take_turns
+from .harness.run import ROOT, free_port, log, run_cli, start_run
 from .harness.servers import LlamarayServer
 from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 from .reports.tables import fmt, write_run
@@ -183,18 +183,12 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.tenants", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default="fair,fcfs", type=comma_names(ARMS), help="comma-separated, from: "
-                   + ", ".join(ARMS))
+    p = arms_parser("python -m bench.tenants", __doc__, ARMS, rounds=1)
     p.add_argument("--alone", type=float, default=15.0, help="seconds the polite key is measured alone")
     p.add_argument("--duration", type=float, default=40.0, help="seconds it is measured beside the greedy key")
-    p.add_argument("--rounds", type=int, default=1, help="segments per arm (the order alternates)")
     p.add_argument("--greedy", type=int, default=16, help="the greedy key's concurrent streams")
     p.add_argument("--slots", type=int, default=8, help="the model's n_seq_max (fewer than the greedy streams)")
     p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
 
 
