@@ -87,16 +87,16 @@ bench-graph: $(STAMP)
 
 # On a GPU node: build llama.cpp with CUDA for this GPU (build/gpu/, once), check it offloads, load the
 # bundled model on the GPU, serve it through the graph, and benchmark against llama-server built from
-# the same sources (concurrency 1/16/64). Writes gpu-check-results/. python tools/gpu_check.py --help.
+# the same sources (concurrency 1/16/64). Writes gpu-check-results/. python -m bench.gpu_check --help.
 gpu-check: $(STAMP)
-	$(PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # Drive the local server with a ramped workload and watch Serve scale (run `make run` in another
-# terminal first). Options: python -m loadtools.loadtest --help, e.g.
+# terminal first). Options: python -m bench.load.loadtest --help, e.g.
 # make loadtest LOADTEST_ARGS='--ramp "1:30s,1-32:2m,32:1m,32-1:1m"'. Writes loadtest-results/<time>/.
 loadtest: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install 'matplotlib>=3.7'
-	$(PY) -m loadtools.loadtest --url http://127.0.0.1:$(PORT)/v1 --model smollm2-135m $(LOADTEST_ARGS)
+	$(PY) -m bench.load.loadtest --url http://127.0.0.1:$(PORT)/v1 --model smollm2-135m $(LOADTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

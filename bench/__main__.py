@@ -5,7 +5,7 @@ runs the engine: no Ray hop per streamed item), and `llamaray-graph`, the cluste
 (Ingress -> ChatProcessor -> LlamaModel, configs/local-graph.yaml: two Ray hops per streamed item) on the
 same machine, threads and slots. Same bundled model, same thread count, same llama.cpp version
 (llama-server is built from the llama.cpp vendored in the installed llama-cpp-python's sdist). Each level
-is loadtools.loadgen's closed loop at one concurrency (one warm-up request first).
+is bench.load.loadgen's closed loop at one concurrency (one warm-up request first).
 
 The servers compared with the targets (`--interleave`, default llamaray, llamaray-graph and llama-server)
 run side by side and take turns level by level: while one is measured, every process of the others (Ray's
@@ -35,24 +35,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtools.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
-
-from . import report
-from .servers import (
+from .harness.bundled import bundled_model_path
+from .harness.procs import CpuMeter, wait_until_quiet
+from .harness.run import ROOT, comma_names, log, start_run
+from .harness.servers import (
     CTX_PER_SEQ,
     N_PARALLEL,
     N_THREADS,
-    ROOT,
     SERVERS,
-    CpuMeter,
-    bundled_model_path,
-    comma_names,
     ensure_llama_server,
     llama_cpp_python_version,
-    log,
-    start_run,
-    wait_until_quiet,
 )
+from .load.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
+from .reports import bench_report as report
 
 SEED_BASE = 1000
 WARMUP_INDEX = 10_000   # the warm-up request's index (prompt and seed), outside the measured ones

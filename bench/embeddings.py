@@ -29,7 +29,8 @@ from tools.minilm_gguf import cached_gguf
 
 from app.ops.ray_env import port_state
 
-from .servers import LLAMA_SERVER_DIR, ROOT, LlamarayServer, Server, ensure_llama_server, log
+from .harness.run import ROOT, log
+from .harness.servers import LLAMA_SERVER_DIR, LlamarayServer, Server, ensure_llama_server
 
 MODEL_ID = "minilm"
 WORDS = ("the quick brown fox jumps over a lazy dog while small birds sing in tall green trees near the old "
@@ -121,7 +122,7 @@ async def drive(url: str, clients: int, batch: int, seconds: float, seed: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.embeddings", description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", type=Path, default=None,
                         help=f"the llama-server binary (default: built once into {LLAMA_SERVER_DIR})")
     parser.add_argument("--threads", type=int, default=2)
@@ -152,7 +153,7 @@ def main() -> None:
             server.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"threads": args.threads, "parallel": args.parallel, "rows": rows}, indent=2))
-    print(f"\n| server | clients | inputs/request | embeddings/s | p50 request (ms) |\n|---|---|---|---|---|")
+    print("\n| server | clients | inputs/request | embeddings/s | p50 request (ms) |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['server']} | {r['clients']} | {r['batch']} | {r['inputs_per_s']:.0f} | {r['p50_ms']:.0f} |")
 

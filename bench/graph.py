@@ -8,8 +8,8 @@ ChatProcessor -> Ingress), plus Serve's proxy when clients call it (`--http prox
 each Ingress replica serves HTTP itself and the streams are spread over them).
 
 For each replica count R of the Ingress and the ChatProcessor (`--replicas`, default 1 then 2) the graph is
-started on a Ray head of its own (bench/serve_driver.py); then for each level of `--streams` a load
-generator (bench/graph_load.py, a process of its own) keeps that many streamed chat completions of
+started on a Ray head of its own (bench/harness/serve_driver.py); then for each level of `--streams` a load
+generator (bench/load/graph_load.py, a process of its own) keeps that many streamed chat completions of
 `--max-tokens` in flight, and over a measured window after a warm-up the bench records:
 
 - tokens/s and chunks/s delivered to the clients, and the engine's own tokens/s (the model replica's
@@ -47,12 +47,14 @@ from app.config.spec import deployment_name
 from app.engine.stream import coalescing_window
 from app.engine.synthetic import SyntheticRates
 from app.ops.ray_env import CLUSTER_RAY_ENV, LOCAL_RAY_ENV, QUIET_RAY_ENV
-from loadtools.loadgen import DEFAULT_PROMPTS
 
-from . import graph_report as report
-from . import profile as profiler
-from .procs import TIERS, cpu_by_tier, listening_ports, machine_busy_s, sample
-from .servers import ROOT, VENV_BIN, ServeDriverServer, log, start_run, wait_until_quiet
+from .harness import pyspy
+from .harness.procs import TIERS, cpu_by_tier, listening_ports, machine_busy_s, sample, wait_until_quiet
+from .harness.run import ROOT, VENV_BIN, log, start_run
+from .harness.servers import ServeDriverServer
+from .load.loadgen import DEFAULT_PROMPTS
+from .reports import graph_report as report
+from .reports.tables import fmt
 
 APP = "llamaray"
 MODEL_ID = "smollm2-135m"
@@ -122,7 +124,7 @@ class GraphBenchServer(ServeDriverServer):
 
 
 class Probe:
-    """bench/graph_probe.py for one server: its engine stats and replica pids, one JSON line a question."""
+    """bench/harness/graph_probe.py for one server: its engine stats and replica pids, one JSON line a question."""
 
     def __init__(self, server: GraphBenchServer) -> None:
         if not server.gcs_address:
@@ -130,8 +132,8 @@ class Probe:
         # That cluster (never `auto`: another one on the machine could answer), Ray Serve's settings, and
         # the token a local cluster's drivers authenticate with (ray.init makes one in ~/.ray if none).
         env = {"RAY_AUTH_MODE": "token", **server.env(), "RAY_ADDRESS": server.gcs_address}
-        self.proc = subprocess.Popen([str(VENV_BIN / "python"), "-m", "bench.graph_probe", "--app", APP], cwd=ROOT,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([str(VENV_BIN / "python"), "-m", "bench.harness.graph_probe", "--app", APP],
+                                     cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(server.log_dir / f"{server.name}-probe.log", "w"), text=True)
         self._read()  # ready
 
@@ -253,7 +255,7 @@ def profile_tiers(tiers: dict[int, str], ns: argparse.Namespace, name: str, stre
     samplers = {}
     for pid, tier in sorted(tiers.items()):
         base = out / f"{name}-s{streams}-{tier}-{pid}"
-        samplers[base.with_suffix(".txt")] = profiler.record(pid, ns.measure, base, ns.profile)
+        samplers[base.with_suffix(".txt")] = pyspy.record(pid, ns.measure, base, ns.profile)
     return samplers
 
 
@@ -262,7 +264,7 @@ def print_profiles(samplers: dict[Path, list]) -> None:
         for proc in procs:
             proc.wait(timeout=60)
         if raw.exists():
-            lines = profiler.summarise(profiler.collapsed(raw))
+            lines = pyspy.summarise(pyspy.collapsed(raw))
             print(f"\n== {raw.with_suffix('.svg')}\n" + "\n".join(lines), flush=True)
 
 
@@ -275,7 +277,7 @@ def run_level(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], url
     quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
     with tempfile.NamedTemporaryFile(suffix=".json", dir=server.log_dir, delete=False) as f:
         out = Path(f.name)
-    cmd = [str(VENV_BIN / "python"), "-m", "bench.graph_load", "--urls", ",".join(urls), "--model", MODEL_ID,
+    cmd = [str(VENV_BIN / "python"), "-m", "bench.load.graph_load", "--urls", ",".join(urls), "--model", MODEL_ID,
            "--streams", str(streams), "--max-tokens", str(ns.max_tokens), "--ramp-s", f"{ramp:.2f}",
            "--warmup-s", str(ns.warmup), "--measure-s", str(ns.measure), "--out", str(out)]
     log(f"{server.name} streams={streams}: {ns.warmup:.0f} s warm-up, {ns.measure:.0f} s measured")
@@ -305,8 +307,8 @@ def run_level(server: GraphBenchServer, probe: Probe, tiers: dict[int, str], url
     level["other_load_before"] = quiet["other_cores"]
     d = level["delivered"]
     log(f"{server.name} streams={streams}: {d['tokens_per_s']:.0f} tok/s delivered, engine "
-        f"{level['engine']['tokens_per_s']:.0f}, TTFT p50 {report._f(level['ttft_ms']['p50'])} ms, gap p99 "
-        f"{report._f(level['gap_ms']['p99'])} ms, serving {report._f(report.serving_cpu_per_1k(level), '.3f')} "
+        f"{level['engine']['tokens_per_s']:.0f}, TTFT p50 {fmt(level['ttft_ms']['p50'])} ms, gap p99 "
+        f"{fmt(level['gap_ms']['p99'])} ms, serving {fmt(report.serving_cpu_per_1k(level), '.3f')} "
         f"CPU s / 1k tokens, other load {level['other_cores']:.2f} cores")
     return level
 

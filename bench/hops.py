@@ -4,7 +4,7 @@ hop by hop, in `make run`'s shape and in the graph's, beside a bare Ray Serve st
     .venv/bin/python -m bench.hops [--servers llamaray,llamaray-graph] [--requests 16] [--rounds 2]
         [--max-tokens 8] [--no-bare] [--out FILE.json]
 
-The servers are the bench's (bench/servers.py: `make run`'s command on configs/local-cpu.yaml +
+The servers are the bench's (bench/harness/servers.py: `make run`'s command on configs/local-cpu.yaml +
 configs/bench.yaml, the graph with configs/local-graph.yaml too), each with one more overlay that sends their
 spans to a collector in this process (app args `tracing`, the OpenTelemetry spans tests/graph/test_tracing.py
 checks). They run side by side and take turns (the one not measured is stopped with SIGSTOP), the order
@@ -44,10 +44,10 @@ from typing import Any
 import httpx
 import yaml
 
-from loadtools.loadgen import DEFAULT_PROMPTS
-from loadtools.otlp_collector import OTLPCollector, ReceivedSpan
-
-from .servers import ROOT, SERVERS, log
+from .harness.otlp_collector import OTLPCollector, ReceivedSpan
+from .harness.run import ROOT, log
+from .harness.servers import SERVERS
+from .load.loadgen import DEFAULT_PROMPTS
 
 PHASES = ("ttft", "http_in", "to_processor", "hop_processor", "plan", "to_model", "hop_model", "to_queue",
           "queue", "prefill", "back")
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [s for s in ns.servers.split(",") if s]
     unknown = [s for s in names if s not in SERVERS or not s.startswith("llamaray")]
     if unknown:
-        p.error(f"not llamaray servers of bench/servers.py: {unknown}")
+        p.error(f"not llamaray servers of bench/harness/servers.py: {unknown}")
 
     log_dir = ROOT / "build" / "bench-hops-logs"
     rows: dict[str, list[dict]] = {name: [] for name in names}

@@ -12,7 +12,7 @@ four hostile requests arrive together:
 - `n_max`: a chat request for `--n` choices at once (the model's n_seq_max), which needs every slot;
 - `image_bomb_<k>` (`--image-bombs K`, for a model with a projector): K chat requests of
   `--images-per-bomb` progressive JPEGs each, 2048x2048 with the last scan repeated 1,500 times (~60 kB
-  that decode for seconds each: bench/image_bombs.py). `--only image_bomb` sends only those;
+  that decode for seconds each: `scan_bomb` below). `--only image_bomb` sends only those;
 - `dag_grammar_<k>` (`--dag-grammars K`): K chat requests whose ~320-byte GBNF has rules that each refer to
   the next four times (4^14 terminal parts written out): work that, expanded, would hold a planning thread for
   minutes after the request's refusal. `--only dag_grammar` sends only those.
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import io
 import json
 import re
 import sys
@@ -38,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from PIL import Image
 
-from bench.image_bombs import scan_bomb_url
-from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat
+from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat
 
 TARGET_P99_S = 0.25
 STREAMS = 8
@@ -99,8 +101,21 @@ def dag_grammars(model: str, count: int) -> list[Hostile]:
         "grammar": dag_grammar()}) for k in range(count)]
 
 
+def scan_bomb(times: int = 1500, side: int = 2048) -> bytes:
+    """A progressive JPEG of the largest picture side the server scales to (2048) with its last scan repeated:
+    about 60 kB that libjpeg decodes scan by scan, each scan walking every block (seconds of one core per image
+    on a 2-core machine, unless refused by its scan count before decoding: limits.max_jpeg_scans). Made with
+    Pillow here, so the bench needs no test helpers."""
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 30, 30)).save(buf, "JPEG", progressive=True, quality=90)
+    jpeg = buf.getvalue()
+    last, end = jpeg.rindex(b"\xff\xda"), jpeg.rindex(b"\xff\xd9")
+    return jpeg[:end] + jpeg[last:end] * times + jpeg[end:]
+
+
 def image_bombs(model: str, count: int, per_request: int) -> list[Hostile]:
-    bomb = {"type": "image_url", "image_url": {"url": scan_bomb_url()}}
+    bomb = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
+                                                      + base64.b64encode(scan_bomb()).decode("ascii")}}
     return [Hostile(f"image_bomb_{k}", "/chat/completions", {
         "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, *[bomb] * per_request]}]}) for k in range(count)]

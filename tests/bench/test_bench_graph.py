@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench import graph_report as report
-from bench import procs
-from bench.graph_load import window_figures
-from bench.procs import ProcSample
-from loadtools.loadgen import RequestResult
+from bench.reports import graph_report as report
+from bench.harness import procs
+from bench.load.graph_load import window_figures
+from bench.harness.procs import ProcSample
+from bench.load.loadgen import RequestResult
 
 APP = "llamaray"
 TICK = procs.CLK_TCK
@@ -46,7 +46,7 @@ def test_cpu_per_tier_is_the_difference_of_two_samples_and_a_new_process_counts_
              3: ProcSample(3, 5, "ray::ServeController", 1.25),
              4: ProcSample(4, 5, "ray::ServeReplica:llamaray:ChatProcessor", 3.0),
              7: ProcSample(7, 5, "/venv/bin/raylet --x", 0.5),               # started during the window
-             8: ProcSample(8, 9, "python -m bench.graph_load --urls u", 0.75)}
+             8: ProcSample(8, 9, "python -m bench.load.graph_load --urls u", 0.75)}
     tiers, other = procs.cpu_by_tier(before, after, APP, {8: "loadgen"})
     assert tiers == {"ingress": 2.5, "chat_processor": 1.0, "proxy": 1.0, "model": 0.0, "ray_other": 0.75,
                      "loadgen": 0.75, "bench": 0.0}
@@ -61,7 +61,7 @@ def test_a_reused_pid_is_a_new_process():
 
 def test_sample_reads_a_session_and_named_pids(tmp_path):
     for pid, comm, sid, title in ((10, "raylet", 5, b"/bin/raylet\0--port\0"), (11, "bash", 6, b"bash\0"),
-                                  (12, "python", 6, b"python\0-m\0bench.graph_load\0")):
+                                  (12, "python", 6, b"python\0-m\0bench.load.graph_load\0")):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_text(stat_line(pid, comm, sid, TICK, 0))
         (tmp_path / str(pid) / "cmdline").write_bytes(title)
@@ -69,7 +69,7 @@ def test_sample_reads_a_session_and_named_pids(tmp_path):
     got = procs.sample(5, [12], proc=tmp_path)
     assert sorted(got) == [10, 12]
     assert got[10].title == "/bin/raylet --port" and got[10].cpu_s == 1.0
-    assert procs.short_name(got[12].title) == "python bench.graph_load"
+    assert procs.short_name(got[12].title) == "python bench.load.graph_load"
 
 
 def test_machine_busy_counts_every_state_but_idle_and_iowait():
@@ -211,7 +211,7 @@ def test_profile_records_every_replica_over_the_window_named_by_level_tier_and_p
     ns = graph.parse_args(["--profile", "50", "--measure", "20", "--out", str(tmp_path)])
     assert graph.parse_args([]).profile == 0
     calls = []
-    monkeypatch.setattr(graph.profiler, "record",
+    monkeypatch.setattr(graph.pyspy, "record",
                         lambda pid, s, base, rate: calls.append((pid, s, base.name, rate)) or [])
     samplers = graph.profile_tiers({11: "ingress", 12: "chat_processor", 13: "model"}, ns, "graph-r1", 64)
     assert sorted(calls) == [(11, 20.0, "graph-r1-s64-ingress-11", 50), (12, 20.0, "graph-r1-s64-chat_processor-12", 50),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.hops import PHASES, format_table, medians, phases, tracing_overlay
-from loadtools.otlp_collector import CLIENT, SERVER, ReceivedSpan
+from bench.harness.otlp_collector import CLIENT, SERVER, ReceivedSpan
 
 MS = 1_000_000
 

@@ -7,8 +7,8 @@ import json
 
 from app.config.app_args import Limits
 from app.generation.plan import check_client_grammar
-from bench.hostile import big_grammar, gaps_between, hostile_requests, parse_args
-from loadtools.loadgen import RequestResult
+from bench.hostile import big_grammar, gaps_between, hostile_requests, parse_args, scan_bomb
+from bench.load.loadgen import RequestResult
 
 
 def test_hostile_bodies_fit_the_default_limits():
@@ -41,7 +41,6 @@ def test_image_bombs_are_jpegs_within_the_limits_that_the_server_refuses_by_thei
     from app.api.errors import APIError
     from app.images import load_image
     from app.images.jpeg_scans import jpeg_scans
-    from bench.image_bombs import scan_bomb
 
     limits = Limits()
     bombs = hostile_requests("m", 16, 1000, image_count=3, images_per_request=2, only="image_bomb")

@@ -19,8 +19,8 @@ from bench.pool import (
     pool_counts,
     zipf_weights,
 )
-from bench.arms import turn_order
-from loadtools.loadgen import RequestResult
+from bench.harness.arms import turn_order
+from bench.load.loadgen import RequestResult
 
 
 def test_zipf_weights_fall_as_one_over_k_to_the_s():

@@ -1,6 +1,6 @@
-"""bench.profile's reading of py-spy's collapsed stacks."""
+"""bench/harness/pyspy.py: the reading of py-spy's collapsed stacks."""
 
-from bench.profile import collapsed, frame_name, summarise
+from bench.harness.pyspy import collapsed, frame_name, summarise
 
 
 def test_collapsed_stacks_are_summed_per_thread_and_per_function(tmp_path):

@@ -3,7 +3,7 @@ inter-chunk p99) is checked and a miss is marked FAIL."""
 
 from __future__ import annotations
 
-from bench import report
+from bench.reports import bench_report as report
 
 
 def row(server, c, tps, ttft, gap, failed=0):

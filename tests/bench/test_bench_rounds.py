@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench import report
+from bench.reports import bench_report as report
 from bench.__main__ import level_requests, parse_args, pool_rounds, run_order, turn_order, turn_requests
-from bench.servers import Server, session_procs
-from loadtools.loadgen import RequestResult, summarize
+from bench.harness.procs import session_procs
+from bench.harness.servers import Server
+from bench.load.loadgen import RequestResult, summarize
 
 
 def level(server: str, c: int, round_: int, tokens: list[int], wall: float, ttft: float) -> dict:

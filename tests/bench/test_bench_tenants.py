@@ -7,7 +7,7 @@ import pytest
 
 from app.tenants.policies import key_hash, parse_key_policies
 from bench.tenants import arm_row, format_table, keys_file
-from loadtools.loadgen import RequestResult
+from bench.load.loadgen import RequestResult
 
 
 def test_the_keys_file_holds_both_keys_hashed_with_equal_priority(tmp_path):

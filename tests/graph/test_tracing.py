@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.config.spec import deployment_name
-from loadtools.otlp_collector import CLIENT, SERVER, OTLPCollector
+from bench.harness.otlp_collector import CLIENT, SERVER, OTLPCollector
 from tests.support.serve_harness import APP, MODEL, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = pytest.mark.timeout(600)

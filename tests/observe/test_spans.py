@@ -30,7 +30,7 @@ from app.serving.processing import Processor
 from app.serving.traced import HopProcessing, traced_processing
 from app.serving.traced_models import TracedModels, traced_models
 from tests.support.events import run_until_idle
-from loadtools.otlp_collector import OTLPCollector
+from bench.harness.otlp_collector import OTLPCollector
 from tests.support.grammars import gbnf
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

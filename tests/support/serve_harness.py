@@ -17,7 +17,7 @@ import yaml
 
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.ray_env import CLUSTER_RAY_ENV, local_ray_env
-from loadtools import procfs
+from bench.harness import procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"

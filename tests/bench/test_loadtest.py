@@ -1,4 +1,4 @@
-"""loadtools/loadtest: ramp parsing, the closed/open drivers against a tiny fake SSE server, replica
+"""bench/load/loadtest: ramp parsing, the closed/open drivers against a tiny fake SSE server, replica
 polling from a recorded Ray dashboard response, the report (JSON + PNG), the CLI and Ctrl-C."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtools.loadgen import RequestResult
-from loadtools.loadtest.__main__ import execute, main, parse_args, summary_text
-from loadtools.loadtest.progress import Progress, status_line
-from loadtools.loadtest.report import RunLog, build_report, plot
-from loadtools.loadtest.serve_status import ServePoller, parse_replicas
-from loadtools.loadtest.workload import (
+from bench.load.loadgen import RequestResult
+from bench.load.loadtest.__main__ import execute, main, parse_args, summary_text
+from bench.load.loadtest.progress import Progress, status_line
+from bench.load.loadtest.report import RunLog, build_report, plot
+from bench.load.loadtest.serve_status import ServePoller, parse_replicas
+from bench.load.loadtest.workload import (
     RampError,
     Schedule,
     Segment,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .procs import SERVING, TIERS, per_k_tokens
+from ..harness.procs import SERVING, TIERS, per_k_tokens
+from .tables import fmt, text_table
 
 # The targets, with one replica of each CPU tier at 64 streams: the H200's measured rate delivered.
 TARGET_REPLICAS = 1
@@ -35,7 +36,7 @@ def level_record(*, replicas: int, streams: int, load: dict[str, Any], cpu_s: di
                  ray_other: dict[str, float], machine_cpu_s: float, cpu_window_s: float,
                  engine_before: dict[str, Any], engine_after: dict[str, Any], engine_window_s: float,
                  step_s: float, prefill_s: float, coalescing_s: float) -> dict[str, Any]:
-    """One level's figures. `load`: the load generator's (bench/graph_load.py); `cpu_s`: CPU seconds per
+    """One level's figures. `load`: the load generator's (bench/load/graph_load.py); `cpu_s`: CPU seconds per
     tier over `cpu_window_s`; `machine_cpu_s`: the whole machine's busy CPU seconds over it; the engine's
     stats before and after, `engine_window_s` apart; the synthetic engine's nominal `step_s` at this many
     streams, its prefill time for one prompt, and the model replica's coalescing window."""
@@ -83,30 +84,18 @@ def level_record(*, replicas: int, streams: int, load: dict[str, Any], cpu_s: di
     }
 
 
-def _f(v: float | None, spec: str = ".0f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def _table(head: tuple[str, ...], body: list[tuple[str, ...]], left: int = 0) -> list[str]:
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
-
-
 def format_tables(levels: list[dict[str, Any]], idle: dict[int, dict[str, float]] | None = None) -> str:
     """Two tables: what the clients got, and where the CPU went (seconds per 1,000 delivered tokens,
     which is also cores per 1,000 tok/s); then the cores each tier used idle, per replica count."""
     head = ("R", "streams", "tok/s", "engine tok/s", "deliv/eng", "chunks/s", "tok/chunk", "TTFT p50",
             "TTFT p99", "+TTFT p50", "gap p99", "+gap p99", "failed")
-    body = [(str(lv["replicas"]), str(lv["streams"]), _f(lv["delivered"]["tokens_per_s"]),
-             _f(lv["engine"]["tokens_per_s"]), _f(lv["delivered_of_engine"], ".3f"),
-             _f(lv["delivered"]["chunks_per_s"]), _f(lv["delivered"]["tokens_per_chunk"], ".1f"),
-             _f(lv["ttft_ms"]["p50"]), _f(lv["ttft_ms"]["p99"]), _f(lv["ttft_added_ms"]["p50"]),
-             _f(lv["gap_ms"]["p99"]), _f(lv["gap_added_p99_ms"]), str(lv["failed"])) for lv in levels]
+    body = [(str(lv["replicas"]), str(lv["streams"]), fmt(lv["delivered"]["tokens_per_s"]),
+             fmt(lv["engine"]["tokens_per_s"]), fmt(lv["delivered_of_engine"], ".3f"),
+             fmt(lv["delivered"]["chunks_per_s"]), fmt(lv["delivered"]["tokens_per_chunk"], ".1f"),
+             fmt(lv["ttft_ms"]["p50"]), fmt(lv["ttft_ms"]["p99"]), fmt(lv["ttft_added_ms"]["p50"]),
+             fmt(lv["gap_ms"]["p99"]), fmt(lv["gap_added_p99_ms"]), str(lv["failed"])) for lv in levels]
     lines = ["delivered to clients (ms; + = added by the graph to the engine's own TTFT / chunk interval)"]
-    lines += _table(head, body)
+    lines += text_table(head, body, left=())
     tiers = [t for t in TIERS if any(lv["cpu_s"].get(t) for lv in levels)]
     head2 = ("R", "streams", *(TIER_LABELS[t] for t in tiers), "serving", "ms/chunk", "at pace",
              "cores srv/gen/other")
@@ -116,14 +105,14 @@ def format_tables(levels: list[dict[str, Any]], idle: dict[int, dict[str, float]
         cores = lv["cores"]
         srv = sum(cores.get(t, 0.0) for t in SERVING)
         flag = " !" if (lv["other_cores"] or 0) > OTHER_LOAD_WARN else ""
-        body2.append((str(lv["replicas"]), str(lv["streams"]), *(_f(per.get(t), ".3f") for t in tiers),
-                      _f(serving_cpu_per_1k(lv), ".3f"), _f(serving_sum(lv["cpu_ms_per_chunk"]), ".2f"),
-                      _f(serving_cpu_per_1k(lv, nominal=True), ".3f"),
-                      f"{srv:.2f}/{cores.get('loadgen', 0.0):.2f}/{_f(lv['other_cores'], '.2f')}{flag}"))
+        body2.append((str(lv["replicas"]), str(lv["streams"]), *(fmt(per.get(t), ".3f") for t in tiers),
+                      fmt(serving_cpu_per_1k(lv), ".3f"), fmt(serving_sum(lv["cpu_ms_per_chunk"]), ".2f"),
+                      fmt(serving_cpu_per_1k(lv, nominal=True), ".3f"),
+                      f"{srv:.2f}/{cores.get('loadgen', 0.0):.2f}/{fmt(lv['other_cores'], '.2f')}{flag}"))
     lines += ["", "CPU seconds per 1,000 delivered tokens (= cores per 1,000 tok/s); serving = the server's tiers "
               "together, also per content chunk, and per 1,000 tokens at the engine's own pace (chunks of "
               "window/step tokens: a graph that falls behind sends bigger ones, which cost less per token)"]
-    lines += _table(head2, body2)
+    lines += text_table(head2, body2, left=())
     for replicas, cores in (idle or {}).items():
         lines.append(f"idle, R={replicas}: " + ", ".join(f"{TIER_LABELS[t]} {v:.3f}" for t, v in cores.items())
                      + f" cores (serving {sum(cores.values()):.3f})")
@@ -162,10 +151,10 @@ def target_checks(levels: list[dict[str, Any]]) -> list[tuple[bool, str]]:
                     f"{TARGET_RATE:.0f})"))
         share = lv["delivered_of_engine"]
         out.append((share is not None and share >= TARGET_DELIVERED,
-                    f"R=1 streams=64: {_f(share, '.3f')} of the engine's tokens delivered (>= {TARGET_DELIVERED})"))
+                    f"R=1 streams=64: {fmt(share, '.3f')} of the engine's tokens delivered (>= {TARGET_DELIVERED})"))
         added = lv["gap_added_p99_ms"]
         out.append((added is not None and added <= TARGET_GAP_ADDED_MS,
-                    f"R=1 streams=64: inter-chunk p99 {_f(lv['gap_ms']['p99'])} ms, {_f(added)} ms over the engine's "
+                    f"R=1 streams=64: inter-chunk p99 {fmt(lv['gap_ms']['p99'])} ms, {fmt(added)} ms over the engine's "
                     f"{lv['engine_gap_ms']:.0f} ms (<= {TARGET_GAP_ADDED_MS:.0f} added)"))
         out.append((lv["failed"] == 0, f"R=1 streams=64: failed streams {lv['failed']} (0)"))
     return out
@@ -182,7 +171,7 @@ def sizing(levels: list[dict[str, Any]], rate: float = TARGET_RATE) -> list[str]
     lv = pick[0]
     per = lv["cpu_s_per_1k_tokens_nominal"]
     lines = [f"sizing (from R={lv['replicas']} streams={lv['streams']}, CPU per chunk at the engine's own pace of "
-             f"{_f(lv['nominal_tokens_per_chunk'], '.1f')} tokens a chunk): cores per 1,000 tok/s, and at {rate:.0f} tok/s"]
+             f"{fmt(lv['nominal_tokens_per_chunk'], '.1f')} tokens a chunk): cores per 1,000 tok/s, and at {rate:.0f} tok/s"]
     for tier in ("chat_processor", "ingress", "proxy", "model", "ray_other"):
         v = per.get(tier)
         if v is not None and lv["cpu_s"].get(tier):

@@ -1,4 +1,4 @@
-"""loadtools.procfs: the /proc reads the bench and the test harness share."""
+"""bench.harness.procfs: the /proc reads the bench and the test harness share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from loadtools import procfs
+from bench.harness import procfs
 
 
 def test_stat_fields_count_after_the_last_parenthesis_of_the_command_name():

@@ -1,11 +1,12 @@
-"""python -m bench.serve_driver CONFIG --num-gpus N --num-cpus N: a local Ray head with logical GPUs
+"""python -m bench.harness.serve_driver CONFIG --num-gpus N --num-cpus N: a local Ray head with logical GPUs
 and the serve config deployed on it, as `serve run` would, but declaring GPUs a CPU-only machine does
 not have (model replicas that reserve `num_gpus: 1` are then placed one per logical GPU) and saying
 when every replica is up: it prints READY once Serve reports the application RUNNING with each
 deployment at its target replica count (after a line `GCS <address>`: where another driver connects).
 SIGINT or SIGTERM shuts Serve and Ray down.
 
-Used by `python -m bench.router`, which gives it its own RAY_TMPDIR (see bench/servers.py).
+Started by bench/harness/servers.py's ServeDriverServer (`python -m bench.router`, `bench.graph`, `bench.pool`),
+which gives it its own RAY_TMPDIR.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import yaml
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serve_driver")
+    p = argparse.ArgumentParser(prog="python -m bench.harness.serve_driver")
     p.add_argument("config", type=Path)
     p.add_argument("--num-gpus", type=int, default=2)
     p.add_argument("--num-cpus", type=float, default=None)

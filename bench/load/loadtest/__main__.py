@@ -1,9 +1,9 @@
-"""python -m loadtools.loadtest: drive an OpenAI-compatible chat endpoint with a ramped workload, watch
+"""python -m bench.load.loadtest: drive an OpenAI-compatible chat endpoint with a ramped workload, watch
 Serve's replica counts meanwhile, and write a report (report.json + report.png).
 
-  python -m loadtools.loadtest --url http://127.0.0.1:8000/v1 --model smollm2-135m \\
+  python -m bench.load.loadtest --url http://127.0.0.1:8000/v1 --model smollm2-135m \\
       --ramp "1:30s,1-32:2m,32:1m,32-1:1m"
-  python -m loadtools.loadtest --url ... --model ... --mode open --ramp "0.5:30s,0.5-8:3m"
+  python -m bench.load.loadtest --url ... --model ... --mode open --ramp "0.5:30s,0.5-8:3m"
 
 Ramp: comma-separated segments run in order, LEVEL:DURATION (hold) or FROM-TO:DURATION (linear),
 LEVEL being the concurrency (--mode closed, whole numbers) or requests/s (--mode open); 0 pauses.
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from loadtools.loadgen import DEFAULT_PROMPTS, chat_payload, chat_url, stream_chat
+from ..loadgen import DEFAULT_PROMPTS, chat_payload, chat_url, stream_chat
 
 from . import report as rep
 from .progress import Progress
@@ -102,7 +102,7 @@ def _seconds(what: str):
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(prog="python -m loadtools.loadtest", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.load.loadtest", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True)

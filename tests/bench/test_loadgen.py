@@ -1,4 +1,4 @@
-"""loadtools/loadgen.py against a tiny fake SSE server (raw asyncio HTTP) that streams known chunks with
+"""bench/load/loadgen.py against a tiny fake SSE server (raw asyncio HTTP) that streams known chunks with
 known delays. This checks the measuring tool, not the product."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from loadtools.loadgen import (
+from bench.load.loadgen import (
     RequestResult,
     chat_url,
     percentile,

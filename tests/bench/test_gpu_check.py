@@ -1,4 +1,4 @@
-"""`make gpu-check` (tools/gpu_check.py): the parts that run without a GPU. The GPU path itself ran
+"""`make gpu-check` (bench/gpu_check.py): the parts that run without a GPU. The GPU path itself ran
 on an H200 (docs/benchmarks.md); here: a node without a driver is told so, every later step is
 reported skipped with its reason, the CPU build is reported as unable to offload, and the table."""
 
@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from tools import gpu_check
+from bench import gpu_check
 
 
 def test_a_node_without_a_gpu_is_told_so(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
-"""python -m bench.graph_load: the graph bench's load generator, a process of its own (its CPU time is
+"""python -m bench.load.graph_load: the graph bench's load generator, a process of its own (its CPU time is
 one of the tiers the bench accounts for, and it shares no interpreter with the bench's Ray driver).
 
-`--streams` closed-loop streamed chat completions (loadtools.loadgen.stream_chat), started spread over
+`--streams` closed-loop streamed chat completions (bench.load.loadgen.stream_chat), started spread over
 `--ramp-s` so that they do not finish in waves, spread over `--urls` (one per direct-ingress replica, or
 Serve's proxy). After `--warmup-s` it prints `WINDOW START`, after `--measure-s` more `WINDOW END`
 (the bench samples /proc and the engine at each line), keeps streaming `--tail-s` so that requests
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from loadtools.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat
+from .loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat
 
 SEED_BASE = 7000
 
@@ -118,7 +118,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.graph_load", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.load.graph_load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--urls", required=True, help="comma-separated server roots; streams take them in turn")
     p.add_argument("--model", required=True)

@@ -1,4 +1,4 @@
-"""loadtools/conversations.py against a fake SSE server that answers every turn with a known reply and
+"""bench/load/conversations.py against a fake SSE server that answers every turn with a known reply and
 known usage: the histories sent back, the concurrency, the cache ratio and TTFT arithmetic."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from loadtools.conversations import (
+from bench.load.conversations import (
     TurnResult,
     run_conversations,
     shared_system_prompt,
@@ -118,7 +118,7 @@ def test_summary_ratio_and_ttft():
 
 
 def test_a_failed_turn_ends_its_conversation(monkeypatch):
-    import loadtools.conversations as conv
+    import bench.load.conversations as conv
 
     monkeypatch.setattr(conv, "user_message", lambda c, t: "FAIL" if (c, t) == (1, 1) else f"hi {c} {t}")
 

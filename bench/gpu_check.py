@@ -10,14 +10,17 @@ Six steps, each reported PASS, FAIL or SKIP with its reason (a step whose inputs
   load     the bundled model with every layer on the GPU (its weights in CUDA buffers) and one reply.
   graph    serve_config.yaml (a GPU model replica) through `serve run`: /health, a chat completion,
            and where the replica runs (its GPU ids and n_gpu_layers). Needs Ray (the venv).
-  bench    concurrency 1,16,64, 128 tokens a request, streamed, through loadtools' closed loop:
+  bench    concurrency 1,16,64, 128 tokens a request, streamed, through bench/load/loadgen.py's closed loop:
            llamaray's graph (or, without Ray, its engine in-process) against llama-server with every
            layer on the GPU. Prints the table; writes gpu-check-results/gpu-check.{json,md}.
 
 Needs no network once the venv exists and the llama-cpp-python sdist is in build/llama-server/sdist
 (`make bench` puts it there; `--llama-src DIR` points at any llama.cpp tree instead).
 
-    .venv/bin/python tools/gpu_check.py [--llama-src DIR] [--concurrency 1,16,64] [--out DIR]
+    .venv/bin/python -m bench.gpu_check [--llama-src DIR] [--concurrency 1,16,64] [--out DIR]
+
+It benchmarks against llama-server, so it lives with the benches. Run it from the repository root, with any
+Python that has llama-cpp-python (the venv for the `graph` step).
 """
 
 from __future__ import annotations
@@ -36,13 +39,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tools.llama_build import build_env, pinned_version
 
-from tools.llama_build import build_env, pinned_version  # noqa: E402
+from .harness.bundled import MODEL_ID
+from .harness.run import ROOT
 
 GPU_DIR = ROOT / "build" / "gpu"
-MODEL_ID = "smollm2-135m"
 CTX_PER_SEQ = 2048
 
 
@@ -287,7 +289,7 @@ def check_graph(graph: Graph) -> Step:
 # -- the benchmark -------------------------------------------------------------------------------
 
 def bench_http(url: str, model: str, levels: list[int], max_tokens: int) -> dict[int, dict[str, Any]]:
-    from loadtools.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
+    from .load.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
 
     out = {}
     asyncio.run(run_closed_loop(url, model, 1, 2, DEFAULT_PROMPTS, 16, first_index=10_000))  # warm-up
@@ -315,7 +317,7 @@ def bench_engine(env: dict[str, str], levels: list[int], max_tokens: int) -> dic
 def llama_server(bin_dir: Path, port: int, slots: int, log: Path) -> subprocess.Popen:
     import httpx
 
-    from bench.servers import bundled_model_path
+    from .harness.bundled import bundled_model_path
 
     cmd = [bin_dir / "llama-server", "-m", bundled_model_path(), "-ngl", "999", "-np", slots,
            "-c", slots * CTX_PER_SEQ, "--cont-batching", "--alias", MODEL_ID, "--no-webui",
@@ -352,7 +354,8 @@ def table(results: dict[str, dict[int, dict[str, Any]]], levels: list[int]) -> s
 # -- main ----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-src", type=Path, help="a llama.cpp source tree (default: the vendored one of the sdist)")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -4,8 +4,12 @@ the next falls on every arm alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
+
+from .run import ROOT, comma_names
 
 
 class ArmServer(Protocol):
@@ -63,3 +67,14 @@ def take_turns(arms: list[str], rounds: int, make: Callable[[str], ArmServer],
         for server in servers.values():
             server.stop()
     return segments, failures
+
+
+def arms_parser(prog: str, doc: str, arms: Mapping[str, str], rounds: int) -> argparse.ArgumentParser:
+    """A bench's parser with the options every arms bench has: --arms (all by default), --rounds, --timeout, --out."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default=",".join(arms), type=comma_names(arms), help="comma-separated, from: "
+                   + ", ".join(arms))
+    p.add_argument("--rounds", type=int, default=rounds, help="segments per arm (the order alternates)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    return p

@@ -1,7 +1,8 @@
-"""Where the graph bench's CPU seconds go: each process of the server's Ray session sorted into a tier
-(Ingress, ChatProcessor, Serve's proxy, the model replica, Ray's other processes), from /proc samples
-taken before and after a measured window. Also the ports a process listens on (an Ingress replica's own
-HTTP server with direct ingress).
+"""Where a bench's CPU seconds go, from /proc: each process of the server's Ray session sorted into a tier
+(Ingress, ChatProcessor, Serve's proxy, the model replica, Ray's other processes) from samples taken before
+and after a measured window (the graph bench); the ports a process listens on (an Ingress replica's own
+HTTP server with direct ingress); and the machine's CPU over a level split into the server's session, the
+load generator and other processes (CpuMeter), with a wait for a quiet machine.
 
 Reading /proc only (no psutil): the tiers' CPU time is utime + stime of /proc/<pid>/stat, all threads
 of the process together; a process that exits during the window takes its time with it.
@@ -10,12 +11,14 @@ of the process together; a process that exits during the window takes its time w
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtools.procfs import PROC, stat_fields
-from loadtools.procfs import pids as proc_pids
+from .procfs import PROC, read_stat, stat_fields
+from .procfs import pids as proc_pids
+from .run import log
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -174,3 +177,72 @@ def listening_ports(pid: int, proc: Path = PROC) -> list[int]:
         except OSError:
             pass
     return sorted({listening[i] for i in socket_inodes(pid, proc) if i in listening})
+
+
+# --------------------------------------------------------------------------------------------
+# Who used the (2) cores during a level: the server's session, the load generator, everything else
+# --------------------------------------------------------------------------------------------
+
+def session_procs(sid: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of each live process of session `sid`."""
+    for pid in proc_pids():
+        rest = read_stat(pid)
+        if rest is not None and int(rest[3]) == sid:
+            yield pid, rest
+
+
+def _session_cpu_s(sid: int) -> float:
+    """CPU seconds used so far by the live processes of session `sid`."""
+    return sum(int(rest[11]) + int(rest[12]) for _, rest in session_procs(sid)) / CLK_TCK
+
+
+def _self_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuMeter:
+    """Splits the machine's CPU time over an interval into the server (its session), the load
+    generator (this process) and everything else ("other": other people's jobs on a shared
+    machine). On 2 cores, llama.cpp's spinning threads slow down badly when something else runs,
+    so "other" says whether a level's numbers can be trusted."""
+
+    def __init__(self, server_sid: int | None) -> None:
+        self.sid = server_sid
+        self.reset()
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        server = _session_cpu_s(self.sid) if self.sid else 0.0
+        return time.monotonic(), machine_busy_s(), server, _self_cpu_s()
+
+    def reset(self) -> None:
+        self._start = self._sample()
+
+    def read(self) -> dict[str, float]:
+        """Average cores used since the last reset."""
+        t1, busy1, srv1, me1 = self._sample()
+        t0, busy0, srv0, me0 = self._start
+        dt = max(t1 - t0, 1e-6)
+        server, loadgen = (srv1 - srv0) / dt, (me1 - me0) / dt
+        return {"seconds": round(dt, 1), "server_cores": round(server, 2), "loadgen_cores": round(loadgen, 2),
+                "other_cores": round(max((busy1 - busy0) / dt - server - loadgen, 0.0), 2)}
+
+
+def wait_until_quiet(server_sid: int | None, max_wait_s: float, threshold_cores: float = 0.25,
+                     window_s: float = 3.0) -> dict[str, float]:
+    """Wait (up to `max_wait_s`) until other processes use less than `threshold_cores`."""
+    deadline = time.monotonic() + max_wait_s
+    warned = False
+    while True:
+        meter = CpuMeter(server_sid)
+        time.sleep(window_s)
+        reading = meter.read()
+        if reading["other_cores"] < threshold_cores or time.monotonic() >= deadline:
+            if warned or reading["other_cores"] >= threshold_cores:
+                log(f"machine load from other processes: {reading['other_cores']:.2f} cores"
+                    + ("" if reading["other_cores"] < threshold_cores else " (gave up waiting)"))
+            return reading
+        if not warned:
+            log(f"other processes use {reading['other_cores']:.2f} cores; waiting up to "
+                f"{max_wait_s:.0f} s for a quiet machine")
+            warned = True

@@ -1,5 +1,5 @@
-"""python -m bench.graph_probe: the graph bench's eyes inside the Ray cluster, a driver of its own (run with
-the cluster's RAY_TMPDIR) that answers one JSON line on stdout for each command line on stdin:
+"""python -m bench.harness.graph_probe: the graph bench's eyes inside the Ray cluster, a driver of its own (run
+with the cluster's RAY_TMPDIR) that answers one JSON line on stdout for each command line on stdin:
 
 - `stats <deployment>`: the model replica's engine stats (its `run` handle method with a StatsJob: tokens_decoded, steps...)
 - `replicas <deployment> <count>`: the pids of `count` replicas of a deployment (its `replica_info` handle
@@ -19,7 +19,7 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.graph_probe")
+    p = argparse.ArgumentParser(prog="python -m bench.harness.graph_probe")
     p.add_argument("--app", default="llamaray")
     ns = p.parse_args(argv)
 
