@@ -36,7 +36,7 @@ config: $(STAMP)
 
 # `serve run` with Ray Serve's settings for one small machine (app/ops/ray_env.py: the Ingress replica, which
 # runs the model too, serves HTTP on the config's port itself; a slower controller loop), measured in
-# docs/benchmarks.md. RUN_ARGS=--dashboard starts Ray's dashboard too (off: its processes take CPU from llama.cpp).
+# docs/history/benchmarks-2026.md. RUN_ARGS=--dashboard starts Ray's dashboard too (off: its processes take CPU from llama.cpp).
 run: config
 	$(VENV)/bin/llamaray serve-local $(RUN_ARGS) $(LOCAL_CONFIG)
 

@@ -45,7 +45,7 @@ class TokenTable:
     """One scope's entries' tokens as the rows of one padded matrix, so that a prompt's shared prefix with every
     entry is one numpy comparison. The engine looks up the cache at each admission, on the decode thread that
     every running stream waits on; comparing entry by entry in Python cost ~4 us an entry a lookup, and three
-    lookups an admission took ~3 ms once a small model's cache held a few hundred prompts (docs/benchmarks.md).
+    lookups an admission took ~3 ms once a small model's cache held a few hundred prompts (docs/history/benchmarks-2026.md).
     Adding and removing a row copy one row (a removed row takes the last row's place)."""
 
     def __init__(self) -> None:

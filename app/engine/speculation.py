@@ -11,7 +11,7 @@ proposals it did not verify checked against the tokens it then generated: free t
 decode time of a step by its rows, measured on the engine's own context. A sequence verifies the k drafts that
 maximise the tokens it expects to gain minus what the k extra rows cost, in tokens at the step's own rate. On a
 GPU rows are nearly free and a sequence drafts whenever it has a proposal; on a CPU a row costs most of a token
-and only a reply that copies almost exactly pays (docs/benchmarks.md), so free writing soon drafts nothing.
+and only a reply that copies almost exactly pays (docs/history/benchmarks-2026.md), so free writing soon drafts nothing.
 """
 
 from __future__ import annotations

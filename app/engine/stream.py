@@ -31,7 +31,7 @@ PER_STREAM_S = 0.015
 # A chunk never waits longer than this after the one before it, plus its delivery through Ray and HTTP
 # (up to ~80 ms at p99 measured on 2 busy cores): under the 250 ms a client may wait between two chunks.
 # With 16 sequences on 2 cores (a step ~70-85 ms) a chunk carries two steps' tokens, half the Ray items
-# of one a step (docs/benchmarks.md).
+# of one a step (docs/history/benchmarks-2026.md).
 MAX_WINDOW_S = 0.17
 
 
@@ -42,7 +42,7 @@ class StepEvents:
     A stream holding a chunk for its coalescing window is not woken by every step: only by the step after
     which the next would end past the window, by an event that ends a choice, or by the window's end when a
     step is late. At 64 streams of a fast engine that is one task wake-up per chunk instead of one per token
-    per stream (docs/benchmarks.md, the graph at GPU speed)."""
+    per stream (docs/history/benchmarks-2026.md, the graph at GPU speed)."""
 
     __slots__ = ("loop", "events", "_waiter", "_until", "_step_s")
 

@@ -115,7 +115,7 @@ async def with_deadline(events: AsyncIterator[Any], deadline: float, timeout_s: 
 
     One timer per reply, armed once: `asyncio.timeout` around each item armed and cancelled a timer for every
     item, and `wait_for` ran every item in a task of its own, each in turn the largest of the ChatProcessor's own
-    per-chunk costs (docs/benchmarks.md)."""
+    per-chunk costs (docs/history/benchmarks-2026.md)."""
     state = _Deadline()
     timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), state.expire)
     try:

@@ -24,7 +24,7 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    """Bounds on one schema (defaults in brackets in the README's limits table)."""
+    """Bounds on one schema (the limits table of docs/configuration.md names the request limits they come from)."""
 
     max_repetition: int = 1000          # any one of minLength, maxLength, minItems, maxItems, min/maxProperties
     max_total_repetition: int = 20_000  # those summed over the schema

@@ -5,7 +5,7 @@ A replica streaming at GPU speed holds a few thousand short-lived containers at 
 futures and coroutine frames of hundreds of streams), which reference counting frees within milliseconds. At
 Python's threshold the collector still runs whenever 700 of them are alive at once, a dozen times a second, and
 what survives ages into full collections over everything the replica keeps, each holding its event loop and the
-GIL for tens of milliseconds (docs/benchmarks.md, "The garbage collector was a sixth of the Ingress"). Reference
+GIL for tens of milliseconds (docs/history/benchmarks-2026.md, "The garbage collector was a sixth of the Ingress"). Reference
 cycles, which the collector is for, are still collected: once 20,000 more containers have been made than freed,
 so young cyclic garbage is bounded by that many objects.
 

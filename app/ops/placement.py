@@ -17,7 +17,7 @@ from ..routing.prefix_routing import max_chars_for
 # reserves no CPU, as Serve's own proxy and controller: Ray Serve starts every deployment's replicas together
 # (models first: a graph's leaves are deployed before its root), so on a node the models fill, any CPU the
 # front door asked for could be taken first and leave /health and every model unreachable. A 0-CPU actor
-# is placed on any live node. Its real use (docs/benchmarks.md) is sized by leaving CPUs free.
+# is placed on any live node. Its real use (docs/history/benchmarks-2026.md) is sized by leaving CPUs free.
 INGRESS_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": 256}
 CHAT_PROCESSOR_DEFAULTS: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": 256}
 CORE_DEPLOYMENTS = {"Ingress": INGRESS_DEFAULTS, "ChatProcessor": CHAT_PROCESSOR_DEFAULTS}

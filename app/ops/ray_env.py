@@ -1,5 +1,5 @@
 """Ray Serve settings for a single small machine (`make run`, the benchmark), as environment variables
-Ray's processes read when they start. Each was measured on 2 cores (docs/benchmarks.md):
+Ray's processes read when they start. Each was measured on 2 cores (docs/history/benchmarks-2026.md):
 
 - RAY_SERVE_THROUGHPUT_OPTIMIZED=1: handles over gRPC, the Ingress replica serving HTTP itself (direct
   ingress), user code and the router on the replica's main event loop, GC frozen after start-up:
@@ -18,7 +18,7 @@ Ray's processes read when they start. Each was measured on 2 cores (docs/benchma
 - QUIET_RAY_ENV: Ray's own periodic work slowed, or off where nothing local reads it. Each time one of Ray's
   processes wakes it takes a core from one of llama.cpp's threads in the middle of a decode, and the other
   thread spins at its next barrier until it comes back: stopping Ray's background processes during a
-  measured stream took `make run` from 45 to 58.6 tok/s on 2 cores (docs/benchmarks.md). Ray's dashboard is
+  measured stream took `make run` from 45 to 58.6 tok/s on 2 cores (docs/history/benchmarks-2026.md). Ray's dashboard is
   off for the same reason (`serve-local --dashboard` starts it).
 
 The user's environment wins over each of these settings, except the port range, which is the config's.
@@ -50,14 +50,14 @@ LOCAL_RAY_ENV = {
 # which passes a request's bytes to an Ingress replica's own HTTP server (Serve's direct ingress), instead of
 # Serve's Python proxy relaying each request and each streamed chunk over Ray. With the synthetic H200-pace
 # model on 2 cores it served 256 streams at 0.18 cores per 1,000 tok/s against 0.48, adding 40 ms to TTFT against
-# 870 (docs/benchmarks.md); Ray's guide for high-throughput Serve on KubeRay sets it. The Ingress replicas then
+# 870 (docs/history/benchmarks-2026.md); Ray's guide for high-throughput Serve on KubeRay sets it. The Ingress replicas then
 # listen on ports from Serve's range (30000 up) on every interface, for HAProxy on other nodes.
 #
 # RAY_SERVE_THROUGHPUT_OPTIMIZED=1 as Ray's guide sets it beside HAProxy: each replica runs our code and Serve's
 # router on its main event loop (no hand-off between three loops per request and streamed item), handles over gRPC,
 # replica logs to Serve's log files only (each replica's log lines no longer go through its stderr, the log monitor
 # and the GCS). Through HAProxy at 256 streams it took a quarter off the Ingress's CPU per token and two thirds off
-# the inter-chunk delay the graph adds (docs/benchmarks.md). Serve's log files are written at each record
+# the inter-chunk delay the graph adds (docs/history/benchmarks-2026.md). Serve's log files are written at each record
 # (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE=1, Ray's default), not in 1,000-record batches as the preset would:
 # llamaray's warnings (a model that cannot be placed, a fetch that failed) show up when they happen.
 #

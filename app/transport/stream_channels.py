@@ -2,7 +2,7 @@
 
 Over Ray Serve's handles every streamed item of every stream is a message of its own at each hop (a gRPC
 message, Serve's bookkeeping and an event-loop round on both sides), so a hop's CPU grows with the number of
-streams times their chunk rate (docs/benchmarks.md, `python -m bench.graph`). Here each request is still one
+streams times their chunk rate (docs/history/benchmarks-2026.md, `python -m bench.graph`). Here each request is still one
 Serve streaming call, which keeps what the call gives: routing (the prefix router), ongoing-request counts
 for autoscaling and `max_ongoing_requests`, cancellation (the caller cancels the call), a dead replica
 raised as the call's error, traces. Only its items take another road: the sending replica (the callee)
