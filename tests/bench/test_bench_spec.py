@@ -12,6 +12,8 @@ import pytest
 pytestmark = pytest.mark.model
 
 
+# Runs every arm of the bench, llama-server's included (~17 s here): make test-slow.
+@pytest.mark.slow
 def test_a_short_run_reports_each_arm(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.spec", "--rounds", "1", "--concurrency", "1",
                           "--max-tokens", "12", "--arms", "off,lookup,draft-always", "--out", str(tmp_path)],

@@ -43,6 +43,8 @@ def self_draft(bundled_spec):
     eng.close()
 
 
+# Two engines of the bundled model side by side, twice (~12 s here): make test-slow.
+@pytest.mark.slow
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(self_draft, concurrency):
     prompts = [chat(self_draft.spec, t) for t in PROMPTS]
@@ -62,6 +64,8 @@ def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(self_draft,
         parted_at_a_tie(a, b)
 
 
+# Writes and loads a draft model (~10 s here): make test-slow.
+@pytest.mark.slow
 def test_an_early_exit_draft_proposes_and_changes_nothing(bundled_spec, tmp_path):
     draft = write_early_exit(tmp_path / "draft.gguf", layers=20)
     eng = draft_engine(bundled_spec, str(draft), slots=2)

@@ -188,6 +188,8 @@ def test_request_turns_it_off(spec_engine):
 LOOP_PROMPT = "one two three four five one two three four five one two three four five one two"
 
 
+# A statistical test over hundreds of sampled replies (~25 s here): make test-slow.
+@pytest.mark.slow
 def test_sampling_keeps_the_distribution(spec_engine):
     """The first three tokens sampled at temperature 0.7 (the third is the first a draft can decide: the first
     comes from the prompt, the second's row verifies a one-token draft).

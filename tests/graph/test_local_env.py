@@ -133,6 +133,8 @@ def _close_from_the_server_side(port: int) -> None:
             pass
 
 
+# A replica killed and replaced (~10 s): make test-slow.
+@pytest.mark.slow
 def test_a_killed_replica_comes_back_on_the_same_port(cluster):
     """Serve replaces the dead Ingress replica (and with it the engine); the new one binds the same port at once,
     though the dead one's closed connections still hold it in TIME_WAIT (deployments/direct_ingress.py)

@@ -202,6 +202,8 @@ def test_metrics_reach_prometheus_endpoint(rcluster, http):
 
 # ---- replica faults (last: it restarts the model replica) -------------------------------------
 
+# A replica killed and replaced (~20 s with its cluster's end): make test-slow.
+@pytest.mark.slow
 def test_killed_model_replica_ends_streams_with_error_and_recovers(rcluster):
     pid = stats(rcluster)["pid"]
     body = chat(max_tokens=800, stream=True, temperature=1.0, min_p=0.0, top_k=0)
