@@ -13,7 +13,8 @@ import pytest
 
 from app.engine import GenerationRequest, SamplingParams
 from app.engine.events import Finished, Started, Text
-from app.engine.prompt_cache import PromptCache, TokenTable
+from app.engine.prompt_cache import PromptCache
+from app.kvstore.token_table import TokenTable
 from app.engine.stream import generate_stream
 from tests.support.events import run_until_idle
 

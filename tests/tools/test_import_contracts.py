@@ -52,5 +52,5 @@ def test_the_graph_tool_finds_cycles_and_reads_the_declared_layers():
         ["a", "b", "c"]]
     assert import_graph.cycles({"a", "b"}, {("a", "b")}) == []
     layers, ignores = import_graph.declared_layers()
-    assert layers[-1] == ["model_sources", "transport"] and "engine" in layers[-3]
+    assert layers[-1] == ["model_sources", "transport", "kvstore"] and "engine" in layers[-3]
     assert all("->" in expr for expr in ignores)
