@@ -200,6 +200,9 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
         fair_share=cfg.fair_share, pool=cfg.pool or "", speculative=speculative_spec(cfg.speculative),
+        cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v,
+        kv_disk_dir=(cfg.kv_cache.disk_dir if cfg.kv_cache.disk else ""), kv_disk_mib=cfg.kv_cache.disk_mib,
+        kv_store=cfg.kv_cache.store or "", kv_min_tokens=cfg.kv_cache.min_tokens,
     )
 
 

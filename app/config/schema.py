@@ -105,6 +105,36 @@ class SpeculativeConfig(BaseModel):
         return v
 
 
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+"""KV cache types a model's entry may ask for (llama-server's -ctk/-ctv): bytes per element 2, 34/32, 18/32."""
+
+
+class KVCacheConfig(BaseModel):
+    """Where a chat model's prefilled KV is kept beyond its replica (app/kvstore): the node's disk and a store the
+    cluster shares. Each entry is one sequence's state, keyed by the GGUF's content, the KV types and context, the
+    adapters and the caller's cache scope."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    disk: bool = Field(True, description="keep states on this node's disk (a directory bounded by `disk_mib`, "
+                                         "least recently used out); they outlive the replica")
+    disk_dir: str | None = Field(None, description="the node's directory (default: $LLAMARAY_KV_CACHE, else "
+                                                   "~/.cache/llamaray/kv); `~` and $VARS expanded on each node")
+    disk_mib: float = Field(4096, gt=0, description="most MiB of states this model keeps on one node's disk")
+    store: str | None = Field(None, description="an fsspec URL every replica of the model reads and writes (s3://, "
+                                                "gs://, a shared filesystem's path): a replica that never saw a prompt "
+                                                "restores what another one prefilled")
+    min_tokens: int = Field(256, ge=32, description="shorter prompts are not kept beyond memory (prefilling them "
+                                                    "costs less than a file)")
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        if v is not None and ("\n" in v or not v.strip()):
+            raise ValueError("`store` must be an fsspec URL or path")
+        return v
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -138,6 +168,12 @@ class ModelConfig(BaseModel):
     kv_unified: bool = Field(False, description="one KV pool shared by all slots (default: a stream per slot)")
     prompt_cache_mib: float = Field(1024, ge=0, description="host memory for the KV of prompts whose slot was "
                                                             "reused, restored when they come back (0: off)")
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig, description="the KV kept beyond the replica: "
+                                    "the node's disk (on by default) and a store the cluster shares")
+    cache_type_k: Literal["f16", "q8_0", "q4_0"] = Field("f16", description="the KV cache's type for keys "
+                                                         "(llama-server's -ctk): q8_0 takes about half of f16")
+    cache_type_v: Literal["f16", "q8_0", "q4_0"] = Field("f16", description="the KV cache's type for values "
+                                                         "(llama-server's -ctv)")
     fair_share: bool = Field(True, description="when more requests wait than slots are free, the next slot goes to "
                              "the key (tenant) holding the fewest slots for its priority's weight, first come first "
                              "served within a key (false: first come, first served over all keys)")
@@ -249,7 +285,7 @@ class ModelConfig(BaseModel):
 
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
-                  "prompt_cache_mib", "routing", "synthetic", "mmproj_path", "adapters", "fair_share",
+                  "prompt_cache_mib", "kv_cache", "routing", "synthetic", "mmproj_path", "adapters", "fair_share",
                   "speculative")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector

@@ -71,6 +71,14 @@ class ModelSpec:
     n_vocab: int = 0  # tokens in the model's vocabulary (from the GGUF; 0 if it lists none)
     empty_reply: str = "allow"  # "allow" or "error" (ModelConfig.empty_reply)
     prompt_cache_mib: float = 1024.0  # ModelConfig.prompt_cache_mib
+    cache_type_k: str = "f16"  # ModelConfig.cache_type_k / _v
+    cache_type_v: str = "f16"
+    # ModelConfig.kv_cache: the node's directory ("" with `disk: false`: no disk tier; None: the default, decided
+    # on the node), its bound, the cluster's store ("": none) and the shortest state kept.
+    kv_disk_dir: str | None = None
+    kv_disk_mib: float = 4096.0
+    kv_store: str = ""
+    kv_min_tokens: int = 256
     fair_share: bool = True  # ModelConfig.fair_share
     speculative: SpeculativeSpec | None = None  # ModelConfig.speculative; None: off
     engine: str = "llama"  # ModelConfig.engine

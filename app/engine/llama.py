@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -110,6 +111,20 @@ POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS, "
            "rank": L.LLAMA_POOLING_TYPE_RANK}
 
 
+# The KV cache types a model's entry may ask for (config: cache_type_k / cache_type_v), as ggml's type ids.
+KV_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
+
+
+# A vocabulary's longest piece, by file version: a pool reloads a model it evicted (and serves one GGUF under several
+# ids) without walking its vocabulary again (0.1-0.2 s of Python for 49k tokens: most of a small model's load).
+_longest_pieces: dict[tuple[str, int, int], int | None] = {}
+
+
+def _file_version(path: str) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+
+
 class ModelLoadError(RuntimeError):
     """llama.cpp refused the model file (corrupt, cut short, an unknown architecture, no memory for it)."""
 
@@ -124,7 +139,7 @@ class LlamaModelContext:
 
     def __init__(self, path: str, *, n_ctx_per_seq: int, n_seq_max: int, n_batch: int, n_threads: int,
                  n_threads_batch: int, n_gpu_layers: int, kv_unified: bool, extra_buffers: bool = True,
-                 pooling: str | None = None) -> None:
+                 pooling: str | None = None, type_k: str = "f16", type_v: str = "f16") -> None:
         init_backend()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 2**31 - 1
@@ -145,6 +160,9 @@ class LlamaModelContext:
         cparams.n_threads_batch = n_threads_batch
         cparams.kv_unified = kv_unified
         cparams.no_perf = True
+        # Quantized V needs flash attention, which llama.cpp turns on by itself where it can (flash_attn_type auto).
+        cparams.type_k, cparams.type_v = KV_TYPES[type_k], KV_TYPES[type_v]
+        self.kv_types = (type_k, type_v)
         if pooling is not None:
             cparams.embeddings = True
             cparams.pooling_type = POOLING[pooling]
@@ -165,7 +183,10 @@ class LlamaModelContext:
         # classifier's n_cls_out scores (reading n_embd floats there would run past llama.cpp's buffer).
         self.n_pooled = int(L.llama_model_n_cls_out(self.model)) if pooling == "rank" else self.n_embd
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.longest_piece = self._longest_piece()
+        version = _file_version(path)
+        if version not in _longest_pieces:
+            _longest_pieces[version] = self._longest_piece()
+        self.longest_piece = _longest_pieces[version]
         # Whether a sequence's KV can be cut back at any position (seq_rm of a tail): not in a recurrent or
         # hybrid model, whose state is one running summary of the sequence.
         self.can_cut_back = not (L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
@@ -285,6 +306,11 @@ class LlamaModelContext:
         size = L.llama_state_seq_get_size(self.ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         return buf, int(L.llama_state_seq_get_data(self.ctx, buf, size, seq))
+
+    @staticmethod
+    def state_buffer(data: bytes) -> Any:
+        """A stored state's bytes as the buffer `set_seq_state` takes (a copy: llama.cpp's API wants uint8*)."""
+        return (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
 
     def set_seq_state(self, seq: int, state: Any, size: int) -> bool:
         """Load a `seq_state` into `seq` (which should be empty); False if llama.cpp refused it."""

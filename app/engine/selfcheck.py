@@ -39,7 +39,8 @@ class EngineUnavailable(RuntimeError):
 def _child_params(spec: ModelSpec) -> dict[str, Any]:
     spec = place(spec)
     return {"path": spec.path, "n_gpu_layers": spec.n_gpu_layers, "n_threads": spec.n_threads,
-            "cpu_extra_buffers": spec.cpu_extra_buffers, "pooling": spec.pooling or None}
+            "cpu_extra_buffers": spec.cpu_extra_buffers, "pooling": spec.pooling or None,
+            "kv_types": [spec.cache_type_k, spec.cache_type_v]}
 
 
 def _signal_name(returncode: int) -> str:
@@ -115,7 +116,8 @@ def _child() -> None:
         llama = LlamaModelContext(params["path"], n_ctx_per_seq=256, n_seq_max=1, n_batch=64,
                                   n_threads=params["n_threads"], n_threads_batch=params["n_threads"],
                                   n_gpu_layers=params["n_gpu_layers"], kv_unified=True, extra_buffers=extra,
-                                  pooling=params.get("pooling"))
+                                  pooling=params.get("pooling"), type_k=params["kv_types"][0],
+                                  type_v=params["kv_types"][1])
     except ModelLoadError as exc:
         print(json.dumps({"load_error": str(exc)}, ensure_ascii=True), flush=True)
         sys.exit(1)

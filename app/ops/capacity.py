@@ -7,7 +7,7 @@ short some replica waits for resources forever (no autoscaler) and which one is 
 
 What a replica asks: its Ray reservation (`replica_request`: CPU, GPU, custom resources), and for a model
 that runs on the CPU its host memory, measured from its GGUF (the weights, counted once per file since
-replicas on one node share the mapped pages, plus each replica's KV cache at n_ctx x n_seq_max in f16), its
+replicas on one node share the mapped pages, plus each replica's KV cache at n_ctx x n_seq_max in its KV types, f16 by default), its
 speculative draft model's file and KV cache included.
 """
 
@@ -56,9 +56,13 @@ def fewest_replicas(options: dict[str, Any]) -> int:
     return count if isinstance(count, int) else 1
 
 
-def kv_cache_bytes(meta: dict[str, Any], n_ctx: int, n_seq_max: int) -> int:
-    """llama.cpp's KV cache for `n_ctx` tokens per sequence and `n_seq_max` sequences, in f16 (its default
-    cache type): per layer, one key and one value row per token and KV head."""
+# Bytes per element of each KV cache type (llama.cpp's block sizes: q8_0 34 bytes and q4_0 18 bytes per 32).
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def kv_cache_bytes(meta: dict[str, Any], n_ctx: int, n_seq_max: int, type_k: str = "f16", type_v: str = "f16") -> int:
+    """llama.cpp's KV cache for `n_ctx` tokens per sequence and `n_seq_max` sequences in the model's KV types (f16
+    by default): per layer, one key and one value row per token and KV head."""
     arch = meta.get("general.architecture", "")
     layers = int(meta.get(f"{arch}.block_count", 0))
     heads = int(meta.get(f"{arch}.attention.head_count", 0) or 0)
@@ -68,12 +72,13 @@ def kv_cache_bytes(meta: dict[str, Any], n_ctx: int, n_seq_max: int) -> int:
     head_dim = embd // heads if heads else 0
     key = int(meta.get(f"{arch}.attention.key_length", head_dim))
     value = int(meta.get(f"{arch}.attention.value_length", head_dim))
-    return layers * kv_heads * (key + value) * 2 * n_ctx * n_seq_max
+    per_token = layers * kv_heads * (key * KV_TYPE_BYTES[type_k] + value * KV_TYPE_BYTES[type_v])
+    return int(per_token * n_ctx * n_seq_max)
 
 
-def gguf_memory(path: str, n_ctx: int, n_seq_max: int) -> tuple[int, int]:
-    """(file bytes, KV cache bytes) of a local GGUF loaded at `n_ctx` per sequence x `n_seq_max`."""
-    return Path(path).stat().st_size, kv_cache_bytes(read_metadata(path), n_ctx, n_seq_max)
+def gguf_memory(path: str, n_ctx: int, n_seq_max: int, type_k: str = "f16", type_v: str = "f16") -> tuple[int, int]:
+    """(file bytes, KV cache bytes) of a local GGUF loaded at `n_ctx` per sequence x `n_seq_max` in those KV types."""
+    return Path(path).stat().st_size, kv_cache_bytes(read_metadata(path), n_ctx, n_seq_max, type_k, type_v)
 
 
 def local_gguf_files(spec: ModelSpec) -> list[str]:
@@ -97,7 +102,7 @@ def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -
         return {}, 0, "no local GGUF: memory not counted"
     files, kv = {}, 0
     for path in paths:
-        files[path], cache = gguf_memory(path, cfg.n_ctx, cfg.n_seq_max)
+        files[path], cache = gguf_memory(path, cfg.n_ctx, cfg.n_seq_max, cfg.cache_type_k, cfg.cache_type_v)
         kv += cache
     return files, kv, ""
 

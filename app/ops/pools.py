@@ -27,7 +27,8 @@ def model_need(spec: ModelSpec) -> int:
     """Bytes a model takes loaded: its GGUF's size plus its KV cache, and its draft model's; 0 when its file is
     not here (a remote model not fetched yet: not measured)."""
     try:
-        return sum(sum(gguf_memory(path, spec.n_ctx, spec.n_seq_max)) for path in local_gguf_files(spec))
+        return sum(sum(gguf_memory(path, spec.n_ctx, spec.n_seq_max, spec.cache_type_k, spec.cache_type_v))
+                   for path in local_gguf_files(spec))
     except (GGUFError, OSError):
         return 0
 
