@@ -61,6 +61,21 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_running_sequences": ("gauge", "Sequences decoding in this replica.", None, REPLICA),
     "llamaray_waiting_sequences": ("gauge", "Sequences admitted to the replica, not yet in a slot.", None, REPLICA),
     "llamaray_prefix_cache_hits_total": ("counter", "Requests that reused a cached prompt prefix.", None, REPLICA),
+    "llamaray_kv_tier_hits_total": ("counter", "Prompts whose stored prefix was read from a persistent KV tier "
+                                    "(disk, cluster).", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_misses_total": ("counter", "Lookups a persistent KV tier had nothing for.", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_read_bytes_total": ("counter", "Bytes of states read from a KV tier.", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_read_seconds_total": ("counter", "Time spent reading states from a KV tier.", None,
+                                            REPLICA + ("tier",)),
+    "llamaray_kv_tier_saves_total": ("counter", "States written to a KV tier.", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_save_seconds_total": ("counter", "Time spent writing states to a KV tier (in the background).",
+                                            None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_errors_total": ("counter", "Failed reads, writes and scans of a KV tier (it is set aside for a "
+                                      "while).", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_refused_total": ("counter", "Stored entries found unusable (truncated, corrupted, foreign) and "
+                                       "removed.", None, REPLICA + ("tier",)),
+    "llamaray_kv_tier_stored_bytes": ("gauge", "Bytes of states a KV tier holds for the model, as this replica "
+                                      "indexed them.", None, REPLICA + ("tier",)),
     "llamaray_pool_loads_total": ("counter", "Models a pool replica loaded (outcome ok) or failed to load (failed).",
                                   None, ("pool", "model", "outcome")),
     "llamaray_pool_evictions_total": ("counter", "Models a pool replica unloaded: lru (to make room), idle "
@@ -151,7 +166,7 @@ class EngineGauges:
         self.tags = {"model": model}
         self.vllm_tags = {"model_name": model, "engine": "0"}
         self._spec_seen: dict[str, int] = {}  # the engine's speculative totals at the last update
-
+        self._kv_seen: dict[tuple[str, str], float] = {}  # each KV tier's totals at the last update
 
     def update(self, stats: dict) -> None:
         metric("llamaray_running_sequences").set(stats["running"], self.tags)
@@ -163,6 +178,17 @@ class EngineGauges:
             if grown > 0:
                 metric(f"vllm_spec_decode_{name}").inc(grown, self.vllm_tags)
             self._spec_seen[name] = total
+        for tier, counts in ((stats.get("kv_tiers") or {}).get("tiers") or {}).items():
+            tags = {**self.tags, "tier": tier}
+            metric("llamaray_kv_tier_stored_bytes").set(counts["bytes"], tags)
+            for name, key in (("hits_total", "hits"), ("misses_total", "misses"), ("read_bytes_total", "read_bytes"),
+                              ("read_seconds_total", "read_s"), ("saves_total", "saves"),
+                              ("save_seconds_total", "save_s"), ("errors_total", "errors"),
+                              ("refused_total", "refused")):
+                grown = counts[key] - self._kv_seen.get((tier, key), 0)
+                if grown > 0:
+                    metric(f"llamaray_kv_tier_{name}").inc(grown, tags)
+                self._kv_seen[(tier, key)] = counts[key]
 
     def cache_hit(self) -> None:
         metric("llamaray_prefix_cache_hits_total").inc(1, self.tags)

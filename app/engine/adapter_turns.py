@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ..kvstore.key import file_sha256
 from . import lora
 from .lora import BASE, AdapterSet, LoraAdapter
 from .slots import Slot, SlotState
@@ -53,6 +54,7 @@ class AdapterTurns:
         if self._base_tensors is None:
             self._base_tensors = lora.BaseTensors.read(self.spec.id, self.spec.path)
         adapter = lora.load_adapter(self.llama, self._base_tensors, name, path)
+        adapter.content = file_sha256(path)
         with self.lock:
             if name not in self.loaded and not closing():
                 self.loaded[name] = adapter

@@ -42,7 +42,9 @@ from .decode_thread import DecodeThread
 from .errors import EngineError, bad_input, internal
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .intake import Intake
+from ..kvstore.key import scope_digest
 from .kv_placement import KVPlacement
+from .kv_tiers import open_tiers
 from .llama import Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode, decode_embd, logprobs_at
 from . import lora
 from .lora import LoraAdapter
@@ -58,6 +60,8 @@ log = logging.getLogger("llamaray.engine")
 Publish = Callable[[list[tuple[Sink, Event]]], None]
 
 _TENANT = attrgetter("req.tenant")
+# A step with at least this many prompt tokens measures the replica's prefill rate (fewer: dominated by decoding).
+PREFILL_SAMPLE_TOKENS = 64
 
 
 def call_each(items: list[tuple[Sink, Event]]) -> None:
@@ -74,7 +78,7 @@ class LlamaEngine(DecodeThread):
         self.llama = LlamaModelContext(
             spec.path, n_ctx_per_seq=spec.n_ctx, n_seq_max=spec.n_seq_max, n_batch=spec.n_batch,
             n_threads=spec.n_threads, n_threads_batch=spec.n_threads_batch, n_gpu_layers=spec.n_gpu_layers,
-            kv_unified=spec.kv_unified,
+            kv_unified=spec.kv_unified, type_k=spec.cache_type_k, type_v=spec.cache_type_v,
             extra_buffers=hardware.use_extra_buffers(spec.cpu_extra_buffers, hardware.system_info()),
         )
         self.n_ctx = spec.n_ctx
@@ -95,8 +99,12 @@ class LlamaEngine(DecodeThread):
         self._recent = RecentTenants()  # admission.py: the keys that used the model lately
         self.slots = [Slot(i) for i in range(spec.n_seq_max)]
         self.intake = Intake(spec, self.llama, self.projector, len(self.slots))
+        # Prompt tokens per second this replica prefills (a moving average): whether reading a stored prefix beats
+        # computing it again (kv_placement.py).
+        self.prefill_rate = 0.0
+        self._step_prompt_tokens = 0
         self.placement = KVPlacement(self.llama, self.slots, PromptCache(int(spec.prompt_cache_mib * (1 << 20))),
-                                     spec.kv_unified)
+                                     spec.kv_unified, open_tiers(spec), lambda: self.prefill_rate)
         self.adapters = AdapterTurns(spec, self.llama, self._cv)
         self._outbox: list[tuple[Sink, Event]] = []
         self.steps = 0
@@ -144,8 +152,10 @@ class LlamaEngine(DecodeThread):
 
         first = choice(0)
         first.choices = [choice(i) for i in range(1, req.n)]
+        store_scope = scope_digest(req.cache_scope, adapters.contents)
         for g in (first, *first.choices):
             g.adapters = adapters
+            g.store_scope = store_scope
             g.draft = self.speculation.budget(req) if self.speculation is not None else None
             g.drafter = self.speculation.sequence() if g.draft is not None else None
         try:
@@ -159,6 +169,7 @@ class LlamaEngine(DecodeThread):
                 raise
             log.exception("could not build the sampler for %s", req.request_id)
             raise internal("Could not set up sampling for this request.") from None
+        first.prefetched = self.placement.prefetch(first)
         return first
 
     @property
@@ -219,7 +230,8 @@ class LlamaEngine(DecodeThread):
         with self._cv:
             return {"running": self.active, "waiting": self.waiting, "slots": len(self.slots),
                     "steps": self.steps, "tokens_decoded": self.tokens_decoded, "healthy": self.healthy(),
-                    "prompt_cache": self.placement.prompt_cache.stats(),
+                    **self.placement.stats(),
+            "prefill_tokens_per_s": round(self.prefill_rate, 1),
                     "adapters": sorted(self.adapters.loaded), "adapter_switches": self.adapters.switches,
                     **(self.speculation.stats() if self.speculation is not None else
                        {"spec_decode": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}}),
@@ -237,6 +249,8 @@ class LlamaEngine(DecodeThread):
 
     def close(self) -> None:
         super().close()
+        if self.placement.tiers is not None:
+            self.placement.tiers.close()
         self._masks.close()
         self._batch.free()
         if self.llama.ctx is not None and not self._thread.is_alive():
@@ -261,6 +275,7 @@ class LlamaEngine(DecodeThread):
                         break
                     self._cv.wait()
                 if self._closing:
+                    self.placement.save_before_close()
                     return
                 cancelled, self._cancelled = self._cancelled, set()
                 dropped = self._unqueue(cancelled)
@@ -283,6 +298,9 @@ class LlamaEngine(DecodeThread):
                 self._flush()
                 elapsed = time.perf_counter() - started
                 self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
+                if self._step_prompt_tokens >= PREFILL_SAMPLE_TOKENS:
+                    rate = self._step_prompt_tokens / elapsed
+                    self.prefill_rate = rate if self.prefill_rate == 0 else 0.8 * self.prefill_rate + 0.2 * rate
 
     def _out(self, gen: Generation, event: Event) -> None:
         self._outbox.append((gen.sink, event))
@@ -334,7 +352,9 @@ class LlamaEngine(DecodeThread):
             # Scoring the prompt needs logits at every prompt position: nothing of it is reused. Nor is
             # anything for a request that asked for none (cache_prompt false: reproducible replies).
             reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
-            slot, reused = self.placement.place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images)
+            slot, reused, source = self.placement.place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images,
+                                                        prefetched=gen.prefetched)
+            gen.prefetched = None  # its buffer is the prompt cache's now, or not needed
             slot.occupy(gen, reused)
             for g in gen.choices:
                 fork = self.placement.lowest_idle()
@@ -342,7 +362,7 @@ class LlamaEngine(DecodeThread):
                 fork.occupy(g, 0, SlotState.FORKING)
             for g in (gen, *gen.choices):
                 self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index,
-                                     queued_s=time.monotonic() - gen.queued_at))
+                                     queued_s=time.monotonic() - gen.queued_at, cached_from=source))
 
     def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
@@ -368,6 +388,7 @@ class LlamaEngine(DecodeThread):
         self.adapters.take_turn(self.slots, self.steps)
         self._decode_image()
         planned = self._fill_batch()
+        self._step_prompt_tokens = sum(len(t) for s, t in planned if s.state is SlotState.PREFILLING)
         if self._batch.n == 0:
             return
         # The grammars' masks for this step's samples, computed while the batch decodes.

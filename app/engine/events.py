@@ -40,6 +40,7 @@ class Started(_Picklable):
     cached_tokens: int  # prompt tokens whose KV was reused
     index: int = 0      # the choice
     queued_s: float = 0.0  # how long it waited for a slot (submitted -> admitted), by the engine's clock
+    cached_from: str = ""  # where the reused KV came from: slot, memory, disk, cluster ("" for nothing)
 
 
 @dataclass(frozen=True, slots=True)

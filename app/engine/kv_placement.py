@@ -7,34 +7,99 @@ only runs of consecutive sequence ids together, and 8 decoding sequences spread 
 step as 8 packed ones. An idle slot already holding a real prefix (MIN_COPY_TOKENS more) is taken instead:
 recomputing or copying that prefix costs more than a gap. At least the last prompt token is always recomputed, so
 there are logits to sample from. Only KV computed in the prompt's cache scope is reused (kept, copied or
-restored): other scopes' prefixes count as nothing. A prefix never ends inside one of the prompt's images."""
+restored): other scopes' prefixes count as nothing. A prefix never ends inside one of the prompt's images.
+
+Beyond the replica's memory, the persistent tiers (app/kvstore: the node's disk, the cluster's store; `tiers`)
+keep what the prompt cache keeps, written in the background. A prompt whose longest stored prefix is there and not
+in a slot or in memory has it read while the request is prepared (`prefetch`, on the preparation pool: the request
+that benefits waits, nobody else), when reading it is cheaper than prefilling it at this replica's own rates; its
+admission then restores it like a prompt-cache entry. Prompts with images are kept in memory only (an image's
+positions hold pseudo ids, not text)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .prompt_cache import Entry, PromptCache
-from .slots import Slot, SlotState, common_prefix
+import numpy as np
+
+from ..kvstore.tiers import TieredStore
+from .prompt_cache import PromptCache
+from .slots import Generation, Slot, SlotState, common_prefix
 from .vision import ImageSpan, image_boundary
 
 MIN_COPY_TOKENS = 16
+# Read rates assumed for a tier this replica has not read from yet (bytes/s): a local disk, a network store.
+ASSUMED_READ_RATE = {"disk": 200e6, "cluster": 50e6}
+
+# Where a request's reused prefix came from (Started.cached_from, its trace span, metrics).
+FROM_SLOT, FROM_MEMORY = "slot", "memory"
+
+
+@dataclass(eq=False)
+class Prefetched:
+    """A state read from a persistent tier for one prompt: the tokens it holds, its buffer, the tier, and how much
+    of the prompt it holds."""
+
+    tokens: np.ndarray
+    state: Any
+    size: int
+    tier: str
+    shared: int
 
 
 class KVPlacement:
-    def __init__(self, llama: Any, slots: list[Slot], prompt_cache: PromptCache, kv_unified: bool) -> None:
+    def __init__(self, llama: Any, slots: list[Slot], prompt_cache: PromptCache, kv_unified: bool,
+                 tiers: TieredStore | None = None, prefill_rate: Callable[[], float] = lambda: 0.0) -> None:
         self.llama = llama
         self.slots = slots
         self.prompt_cache = prompt_cache
         self.kv_unified = kv_unified
+        self.tiers = tiers
+        self.prefill_rate = prefill_rate  # this replica's prompt tokens per second (0: not measured yet)
+        self.prefetch_skipped = 0  # stored prefixes not read because prefilling them was measured cheaper
         # Slots left idle with their KV since the engine last had nothing to do: it goes to the prompt cache then,
         # so the next request's admission (which would save it first, before overwriting) finds it saved.
         self.idle_kv: list[int] = []
 
-    def place(self, prompt: list[int], scope: str, reuse: bool = True,
-              images: list[ImageSpan] | None = None) -> tuple[Slot, int]:
-        """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept). The slot's own
-        prefix is kept; a longer one is copied in from another slot (a busy slot's earlier positions never change)
-        or restored from the prompt cache in host memory, after what the slot held went to that cache."""
+    def prefetch(self, gen: Generation) -> Prefetched | None:
+        """Any thread (a request's preparation): the longest prefix of `gen`'s prompt the persistent tiers hold, read,
+        when it is longer than what a slot or the prompt cache holds and reading it is cheaper than prefilling the
+        difference; None otherwise (nothing is read)."""
+        tiers = self.tiers
+        if tiers is None or not gen.req.cache_prompt or gen.req.prompt_logprobs or len(gen.prompt) < tiers.min_tokens:
+            return None
+        tokens = np.asarray(gen.prompt, dtype=np.int32)
+        match = tiers.longest(tokens, gen.store_scope)
+        if match is None:
+            tiers.missed()
+            return None
+        local = self.prompt_cache.longest(gen.prompt, gen.kv_scope)
+        for slot in self.slots:  # read without the decode thread's ordering: a hint, as the decision is
+            if slot.scope == gen.kv_scope:
+                local = max(local, common_prefix(list(slot.tokens), gen.prompt))
+        gain = min(match.shared, len(gen.prompt) - 1) - local
+        if gain < MIN_COPY_TOKENS:
+            return None
+        rate = self.prefill_rate()
+        read_s = match.record.size / (tiers.read_rate(match.tier) or ASSUMED_READ_RATE.get(match.tier, 50e6))
+        if rate > 0 and read_s >= gain / rate:
+            self.prefetch_skipped += 1
+            return None
+        payload = tiers.fetch(match)
+        if payload is None:
+            return None
+        return Prefetched(match.record.tokens, self.llama.state_buffer(payload), len(payload), match.tier,
+                          match.shared)
+
+    def place(self, prompt: list[int], scope: str, reuse: bool = True, images: list[ImageSpan] | None = None,
+              prefetched: Prefetched | None = None) -> tuple[Slot, int, str]:
+        """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept, where from:
+        FROM_SLOT, FROM_MEMORY, a persistent tier's name, or "" for nothing). The slot's own prefix is kept; a
+        longer one is copied in from another slot (a busy slot's earlier positions never change), restored from
+        the prompt cache in host memory, or restored from a state a persistent tier had (`prefetched`), after what
+        the slot held went to the prompt cache."""
         images = images or []
         prefix = {slot.index: image_boundary(common_prefix(slot.tokens, prompt), images)
                   if reuse and slot.scope == scope else 0 for slot in self.slots}
@@ -47,27 +112,47 @@ class KVPlacement:
             source = target  # copying a stream is only worth it for a real prefix
         cached, held = self.prompt_cache.best(prompt, scope) if reuse else (None, 0)
         held = image_boundary(held, images)
+        stored = image_boundary(min(prefetched.shared, len(prompt) - 1), images) if reuse and prefetched else 0
+        if stored - max(prefix[source.index], held) >= MIN_COPY_TOKENS:
+            self.save(target, keep=0)
+            kept = self._restore(target.index, prefetched.state, prefetched.size, stored)
+            if kept:
+                # In memory too: the next prompt of this conversation finds it there.
+                self.prompt_cache.put(prefetched.tokens, prefetched.state, prefetched.size, scope)
+                return target, kept, prefetched.tier
+            target.tokens = []
         if cached is not None and held - prefix[source.index] >= MIN_COPY_TOKENS:
             self.save(target, keep=0)
-            kept = self._restore(target.index, cached, min(held, len(prompt) - 1))
+            kept = self._restore(target.index, cached.state, cached.size, min(held, len(prompt) - 1))
             if kept:
-                return target, kept
+                self.prompt_cache.hits += 1
+                return target, kept, FROM_MEMORY
             target.tokens = []  # a refused restore leaves the slot's KV empty
             if source is target:
-                return target, 0
+                return target, 0, ""
         keep = min(prefix[source.index], len(prompt) - 1)
         self.save(target, keep=keep if source is target else 0)
-        return target, self.keep_prefix(target.index, source.index, keep)
+        kept = self.keep_prefix(target.index, source.index, keep)
+        return target, kept, FROM_SLOT if kept else ""
 
     def lowest_idle(self) -> Slot:
         return next(slot for slot in self.slots if slot.state is SlotState.IDLE)
 
     def save(self, slot: Slot, keep: int) -> None:
-        """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache."""
-        if len(slot.tokens) - keep >= MIN_COPY_TOKENS and self.prompt_cache.worth_keeping(slot.tokens, slot.scope):
+        """Before `slot`'s KV past `keep` tokens is overwritten: store it in the prompt cache, and queue it for the
+        persistent tiers (written in the background) unless it holds an image."""
+        if len(slot.tokens) - keep < MIN_COPY_TOKENS:
+            return
+        memory = self.prompt_cache.worth_keeping(slot.tokens, slot.scope)
+        tokens = np.asarray(slot.tokens, dtype=np.int32)
+        tiers = self.tiers is not None and bool(slot.store_scope) and int(tokens.min()) >= 0 \
+            and self.tiers.wants(tokens, slot.store_scope)
+        if memory or tiers:
             state, size = self.llama.seq_state(slot.index)
-            if size:
+            if size and memory:
                 self.prompt_cache.put(slot.tokens, state, size, slot.scope)
+            if size and tiers:
+                self.tiers.save(tokens, state, size, slot.store_scope)
 
     def finished(self, slot: Slot) -> None:
         """`slot`'s request left it with its KV: saved while the engine has nothing else to do (save_idle)."""
@@ -81,14 +166,30 @@ class KVPlacement:
         if slot.state is SlotState.IDLE and not waiting:
             self.save(slot, keep=0)
 
-    def _restore(self, slot: int, entry: Entry, keep: int) -> int:
-        """`entry`'s KV into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
+    def save_before_close(self) -> None:
+        """The engine is closing (a pool evicts the model, a replica stops): the idle slots' KV not saved yet goes to
+        the persistent tiers, which outlive it (the decode thread, before it ends)."""
+        if self.tiers is None:
+            return
+        for index in self.idle_kv:
+            slot = self.slots[index]
+            if slot.state is SlotState.IDLE:
+                self.save(slot, keep=0)
+        self.idle_kv = []
+
+    def _restore(self, slot: int, state: Any, size: int, keep: int) -> int:
+        """A saved state into `slot`, cut to its first `keep` tokens; the number kept (0: refused)."""
         self.llama.seq_rm(slot, 0, -1)
-        if self.llama.set_seq_state(slot, entry.state, entry.size) and self.llama.seq_rm(slot, keep, -1):
-            self.prompt_cache.hits += 1
+        if self.llama.set_seq_state(slot, state, size) and self.llama.seq_rm(slot, keep, -1):
             return keep
         self.llama.seq_rm(slot, 0, -1)
         return 0
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_cache": self.prompt_cache.stats()}
+        if self.tiers is not None:
+            out["kv_tiers"] = {**self.tiers.stats(), "prefetch_skipped": self.prefetch_skipped}
+        return out
 
     def keep_prefix(self, slot: int, source: int, reuse: int) -> int:
         """Make `slot`'s KV hold the first `reuse` prompt tokens (kept, or copied from `source`); the number actually

@@ -131,6 +131,7 @@ class LoraAdapter:
     alpha: float
     uid: int
     _ptr: Any
+    content: str = ""  # the adapter file's sha256, which keys the KV stored beyond the replica (kv_tiers.py)
 
     @property
     def loaded(self) -> bool:
@@ -182,6 +183,11 @@ class AdapterSet:
     def named(self) -> tuple[tuple[str, float], ...]:
         """(name, scale) pairs: what logs, metrics and stats show."""
         return tuple((a.name, s) for a, s in self.items)
+
+    @property
+    def contents(self) -> tuple[tuple[str, float], ...]:
+        """(file sha256, scale) pairs: what the KV kept beyond the replica is keyed by."""
+        return tuple((a.content or f"{a.name}@{a.path}", s) for a, s in self.items)
 
     def scope(self, cache_scope: str) -> str:
         """The KV scope of a prompt of `cache_scope` decoded under this set: prefixes are reused (slots, prompt

@@ -62,6 +62,8 @@ class Generation:
     draft: DraftBudget | None = None  # its speculative draft length (None: it never drafts)
     drafter: Any = None  # its drafting state (Drafter.sequence: prompt lookup's n-gram index)
     drafts: list[int] = field(default_factory=list)  # the draft tokens in this step's batch, after last_token
+    store_scope: str = ""  # its scope in the KV kept beyond the replica (kvstore/key.py scope_digest)
+    prefetched: Any = None  # a state read from a persistent tier while it was prepared (kv_placement.Prefetched)
 
     @property
     def request_id(self) -> str:
@@ -86,6 +88,7 @@ class Generation:
                 g.sampler.free()
                 g.sampler = None
         release_all(self.images)
+        self.prefetched = None
 
 
 @dataclass(eq=False)
@@ -95,10 +98,12 @@ class Slot:
     gen: Generation | None = None
     state: SlotState = SlotState.IDLE
     scope: str = ""  # the KV scope (Generation.kv_scope) that computed `tokens`: only that scope reuses them
+    store_scope: str = ""  # and its scope beyond the replica (Generation.store_scope)
 
     def occupy(self, gen: Generation, reused: int, state: SlotState = SlotState.PREFILLING) -> None:
         self.tokens = gen.prompt[:reused]
         self.scope = gen.kv_scope
+        self.store_scope = gen.store_scope
         gen.n_past = gen.cached = reused
         gen.slot = self.index
         self.gen, self.state = gen, state

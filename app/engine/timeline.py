@@ -28,6 +28,7 @@ class ChoiceTimes:
     ended_at: float | None = None
     tokens: int = 0
     finish_reason: str | None = None  # stop, length; abort (cancelled) or error when it did not finish
+    cached_from: str = ""  # where its reused KV came from (slot, memory, disk, cluster)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Timeline:
         now = time.monotonic()
         for ev in events:
             if isinstance(ev, Started):
-                self.choices[ev.index] = ChoiceTimes(ev.prompt_tokens, ev.cached_tokens, ev.queued_s, now)
+                self.choices[ev.index] = ChoiceTimes(ev.prompt_tokens, ev.cached_tokens, ev.queued_s, now,
+                                                     cached_from=ev.cached_from)
                 continue
             choice = self.choices.get(getattr(ev, "index", 0))
             if choice is None:

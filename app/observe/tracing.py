@@ -311,6 +311,7 @@ def record_generation(timeline: Timeline, request: GenerationRequest, model: str
         span.set_attributes({
             "gen_ai.usage.input_tokens": first.prompt_tokens,
             "llamaray.usage.cached_tokens": first.cached_tokens,
+            "llamaray.kv_from": first.cached_from or "none",
             "gen_ai.usage.output_tokens": sum(c.tokens for c in choices),
             "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in choices],
             "llamaray.queue_s": first.queued_s,

@@ -17,7 +17,8 @@ from app.config.spec import SpeculativeSpec
 from app.engine import LlamaEngine
 from app.engine.draft_model import DraftModel, DraftVocabMismatch
 from app.engine.speculation import StepCost
-from tests.engine.test_engine_speculation import COPY, CPU, FREE, chat, finished, parted_at_a_tie, run
+from tests.engine.test_engine_speculation import COPY, CPU, FREE, chat, finished, run
+from tests.support.ties import parted_at_a_tie
 from tests.support.embedder import embedder_gguf
 from tools.early_exit_gguf import write_early_exit
 

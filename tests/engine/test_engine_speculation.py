@@ -30,7 +30,7 @@ from app.engine.speculation import (PROBE_MAX_STEPS, PROBE_STEPS, PROBE_TOKENS, 
 from app.grammar.request_grammars import json_grammar
 from app.prompt.chat_template import render_prompt
 from tests.support.events import EventBox
-from tests.support.ties import TIE_NATS
+from tests.support.ties import parted_at_a_tie
 
 pytestmark = pytest.mark.model
 
@@ -88,19 +88,6 @@ def finished(box: EventBox) -> Finished:
     return box.last
 
 
-def parted_at_a_tie(base: EventBox, spec: EventBox) -> bool:
-    """True where the replies are equal; where they part, the baseline's top two tokens at the first
-    differing position must be within TIE_NATS (asserted), and then False."""
-    a, b = base.logprobs, spec.logprobs
-    if [lp.token for lp in a] == [lp.token for lp in b]:
-        assert base.text == spec.text and finished(base).finish_reason == finished(spec).finish_reason
-        return True
-    i = next(i for i, (x, y) in enumerate(zip(a, b)) if x.token != y.token)
-    top = a[i].top
-    assert len(top) == 2 and top[0][1] - top[1][1] < TIE_NATS, (i, a[i], b[i], base.text, spec.text)
-    return False
-
-
 def copy_prompts(eng) -> list[str]:
     return [chat(eng.spec, t) for t in COPY]
 
@@ -130,9 +117,11 @@ def test_greedy_replies_equal_without_speculation(spec_engine, concurrency):
     taken = accepted(spec_engine)
     spec = arm(True)
     assert accepted(spec_engine) > taken
-    equal = [parted_at_a_tie(a, b) for a, b in zip(base, spec)]
-    # Parting at a near-tie is allowed, not expected: on this corpus the replies have always been equal.
-    assert sum(equal) >= len(equal) - 1, equal
+    # The guarantee: where a reply parts from its twin without drafts, the model's top two tokens there were within
+    # TIE_NATS (asserted in parted_at_a_tie). How many part is not guaranteed: a batch of another shape may order a
+    # near-tie differently, and 3 or 4 of 8 replies parted so in make run's shape on some runs.
+    for a, b in zip(base, spec):
+        parted_at_a_tie(a, b)
 
 
 def test_stop_string_inside_a_draft(spec_engine):

@@ -162,3 +162,23 @@ def test_admin_refusals(client):
     page = client.post("/admin/models/unload", content=b'{"model": "pool-a"}',
                        headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
     assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
+
+
+# ---- the KV a pooled model prefilled outlives its eviction (app/kvstore: the node's disk) ----------------------
+
+PREAMBLE = "You answer questions about a library's opening hours and its rules. " * 24  # ~400 tokens
+
+
+def test_a_model_evicted_and_loaded_again_restores_its_preamble_from_disk(client):
+    def ask(question: str) -> dict:
+        r = client.post("/v1/chat/completions", json={
+            "model": "pool-e", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": question}]})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+
+    first = ask("When does it open on Monday?")
+    assert first["prompt_tokens"] > 300
+    assert admin(client, "unload", model="pool-e")["state"] == "available"  # its engine and memory gone
+    again = ask("May I bring a dog?")  # loaded again, wherever Serve routes it on this node
+    assert again["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 20, again

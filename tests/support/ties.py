@@ -20,3 +20,17 @@ def same_up_to_a_tie(base: list[dict[str, Any]], other: list[dict[str, Any]]) ->
     top = base[i]["top_logprobs"]
     assert len(top) >= 2 and top[0]["logprob"] - top[1]["logprob"] < TIE_NATS, (i, base[i], other[i])
     return False
+
+
+def parted_at_a_tie(base: Any, other: Any) -> bool:
+    """`same_up_to_a_tie` for two engine replies (tests/support/events.py EventBox, logprobs of 2 asked): True where
+    they are equal; where they part, the baseline's top two tokens at the first differing position must be within
+    TIE_NATS (asserted), and then False."""
+    a, b = base.logprobs, other.logprobs
+    if [lp.token for lp in a] == [lp.token for lp in b]:
+        assert base.text == other.text and base.last.finish_reason == other.last.finish_reason
+        return True
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if x.token != y.token)
+    top = a[i].top
+    assert len(top) == 2 and top[0][1] - top[1][1] < TIE_NATS, (i, a[i], b[i], base.text, other.text)
+    return False
