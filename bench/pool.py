@@ -22,6 +22,11 @@ Retry-After, as a client would; its TTFT counts from the first attempt. Cold loa
 from the pool's own metrics (`ray_llamaray_pool_loads_total`, `ray_llamaray_pool_evictions_total`, exported by the
 driver's Ray on a port of its own).
 
+`--workload agent` gives every model a preamble of its own (`--preamble-tokens`, a system prompt and tool notes, as
+an agent framework sends with each turn) before each request's short question, and the models the context it
+needs: a cold load in the pool then restores its preamble from the node's disk (app/kvstore, on by default) where
+it would otherwise prefill it again; `short` (the default) asks the short prompts alone.
+
 `--lora-rounds N` (N > 0) then runs `python -m bench.lora_mix --rounds N` (mixed-adapter against
 adapter-homogeneous traffic on one engine) and prints its table after this one: that bench measures it; this one
 does not do it twice. Writes <out>/pool.json; logs in <out>/logs/. Exits 1 when an arm did not run or a request
@@ -100,11 +105,19 @@ def base_config() -> dict[str, Any]:
     return config
 
 
-def arm_config(arm: str, port: int, *, self_check: bool = True) -> dict[str, Any]:
+def preamble(model: str, tokens: int) -> str:
+    """`model`'s own system prompt of about `tokens` tokens (the bundled tokenizer: ~5 characters a token here)."""
+    rule = (f"You are the assistant of team {model}. Tool `lookup_{model}`: finds an order by id; tool "
+            f"`refund_{model}`: refunds it. Answer in one sentence and never invent an id. ")
+    return (rule * (tokens * 5 // len(rule) + 1))[:tokens * 5]
+
+
+def arm_config(arm: str, port: int, *, self_check: bool = True, n_ctx: int = MODEL_KEYS["n_ctx"]) -> dict[str, Any]:
     config = copy.deepcopy(base_config())
     config.setdefault("http_options", {})["port"] = port
     app = config["applications"][0]
-    models = [{"id": m, "model_path": SOURCE, **MODEL_KEYS, "startup_self_check": self_check} for m in model_ids()]
+    models = [{"id": m, "model_path": SOURCE, **MODEL_KEYS, "n_ctx": n_ctx, "startup_self_check": self_check}
+              for m in model_ids()]
     front = [{"name": "Ingress", "ray_actor_options": {"num_cpus": 0}},
              {"name": "ChatProcessor", "autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
               "ray_actor_options": {"num_cpus": 0}}]
@@ -134,8 +147,9 @@ class PoolBenchServer(ServeDriverServer):
     num_gpus = 0
     num_cpus = CPUS
 
-    def __init__(self, log_dir: Path, arm: str, self_check: bool) -> None:
+    def __init__(self, log_dir: Path, arm: str, self_check: bool, n_ctx: int = MODEL_KEYS["n_ctx"]) -> None:
         self.arm = arm
+        self.n_ctx = n_ctx
         self.name = f"llamaray-{arm}"
         self.config_file = f"serve_bench_pool_{arm}.yaml"
         self.metrics_port = free_port()
@@ -145,7 +159,7 @@ class PoolBenchServer(ServeDriverServer):
     def prepare(self) -> None:
         path = ROOT / "build" / self.config_file
         path.parent.mkdir(parents=True, exist_ok=True)
-        config = arm_config(self.arm, free_port(), self_check=self.self_check)
+        config = arm_config(self.arm, free_port(), self_check=self.self_check, n_ctx=self.n_ctx)
         path.write_text(f"# python -m bench.pool, arm {self.arm}\n" + yaml.safe_dump(config, sort_keys=False))
         run_cli([VENV_BIN / "llamaray", "check-config", path])  # what `make run` checks first
         self.config_path = path
@@ -209,7 +223,8 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict[str, An
 
 
 async def drive(base_url: str, models: list[str], weights: Sequence[float], *, concurrency: int, duration_s: float,
-                first_index: int, max_tokens: int, temperature: float, timeout_s: float) -> dict[str, Any]:
+                first_index: int, max_tokens: int, temperature: float, timeout_s: float,
+                preambles: dict[str, str] | None = None) -> dict[str, Any]:
     """A closed loop of `concurrency` clients for `duration_s`: request i asks model_of(i) with prompt and seed
     of its own. Requests still running at the end are waited for and counted."""
     url = chat_url(base_url)
@@ -225,8 +240,10 @@ async def drive(base_url: str, models: list[str], weights: Sequence[float], *, c
                 i = counter
                 counter += 1
                 p = i % len(DEFAULT_PROMPTS)
-                payload = chat_payload(models[model_of(i, weights)], DEFAULT_PROMPTS[p], max_tokens,
-                                       temperature=temperature, seed=SEED_BASE + i)
+                model = models[model_of(i, weights)]
+                payload = chat_payload(model, DEFAULT_PROMPTS[p], max_tokens, temperature=temperature, seed=SEED_BASE + i)
+                if preambles:
+                    payload["messages"].insert(0, {"role": "system", "content": preambles[model]})
                 result, retried = await one_request(client, url, payload, i, p)
                 results.append(result)
                 busy += retried
@@ -304,6 +321,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="startup_self_check: false (a model's load skips the decode in a child process)")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="before each segment, wait up to this long for other processes to use < 0.25 cores")
+    p.add_argument("--workload", choices=("short", "agent"), default="short",
+                   help="agent: each model's own preamble (--preamble-tokens) before each short question")
+    p.add_argument("--preamble-tokens", type=int, default=3000)
     p.add_argument("--lora-rounds", type=int, default=0,
                    help="then run `python -m bench.lora_mix --rounds N` (mixed vs homogeneous adapters); 0: not")
     return p.parse_args(argv)
@@ -313,9 +333,10 @@ def _segment(server: PoolBenchServer, ns: argparse.Namespace, r: int, weights: l
     quiet = wait_until_quiet(server.session_id, ns.quiet_wait)
     before = pool_counts(server.metrics_text())
     meter = CpuMeter(server.session_id)
+    preambles = {m: preamble(m, ns.preamble_tokens) for m in model_ids()} if ns.workload == "agent" else None
     seg = asyncio.run(drive(server.base_url, model_ids(), weights, concurrency=ns.concurrency,
                             duration_s=ns.duration, first_index=r * SEGMENT_STRIDE, max_tokens=ns.max_tokens,
-                            temperature=ns.temperature, timeout_s=ns.timeout))
+                            temperature=ns.temperature, timeout_s=ns.timeout, preambles=preambles))
     seg["cpu"] = meter.read()
     seg["cpu"]["other_before"] = quiet["other_cores"]
     time.sleep(2.0)  # the replicas report metrics every 0.5 s, the agent exports them after
@@ -346,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             f"TTFT p50 {row['ttft_p50_ms']} ms, {seg['pool']}")
         return seg
 
+    n_ctx = ns.preamble_tokens + 512 if ns.workload == "agent" else MODEL_KEYS["n_ctx"]
     segments, failures = take_turns(
-        ns.arms, ns.rounds, lambda arm: PoolBenchServer(log_dir, arm, self_check=not ns.no_self_check), segment,
-        ready=_warm)
+        ns.arms, ns.rounds, lambda arm: PoolBenchServer(log_dir, arm, self_check=not ns.no_self_check, n_ctx=n_ctx),
+        segment, ready=_warm)
     rows = [arm_record(arm, segs) for arm, segs in segments.items() if segs]
     text = format_table(rows, failures)
     print(text, flush=True)
