@@ -4,9 +4,18 @@ test needs: `model` (the real llama.cpp model), `ray` (a local Ray Serve; everyt
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The KV a test's engines and clusters keep on disk (app/engine/kv_tiers.py): a folder of this test session's, so no
+# run finds what an earlier one saved (the engines of one session share it, as replicas of one node do).
+os.environ["LLAMARAY_KV_CACHE"] = tempfile.mkdtemp(prefix="llamaray-kv-")
+atexit.register(shutil.rmtree, os.environ["LLAMARAY_KV_CACHE"], True)
 
 GRAPH = Path(__file__).resolve().parent / "graph"
 MODEL_FIXTURES = {"bundled_spec", "engine", "judge", "embedder_spec", "embedder", "vision_spec", "vision_engine"}  # judge: llama.cpp checking grammars

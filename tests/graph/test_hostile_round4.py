@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.serve_harness import KEY_A, KEY_B, MODEL, TENANT_KEYS, THINK_MODEL, ray_session_dir, sse_json
+from tests.support.serve_harness import KEY_A, KEY_B, MODEL, TENANT_KEYS, THINK_MODEL, sse_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -95,16 +95,16 @@ def test_a_key_limited_to_an_adapter_reaches_that_adapter_alone(cluster) -> None
 
 # ---- refusals in the logs ---------------------------------------------------------------------------------------
 
-def log_files() -> dict[Path, int]:
-    """Every log file of this Ray session, with its size now."""
-    logs = ray_session_dir() / "logs"
+def log_files(cluster) -> dict[Path, int]:
+    """Every log file of the cluster's Ray session, with its size now."""
+    logs = cluster.session_dir / "logs"
     return {p: p.stat().st_size for p in logs.rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err")}
 
 
-def written_since(sizes: dict[Path, int]) -> dict[Path, str]:
+def written_since(cluster, sizes: dict[Path, int]) -> dict[Path, str]:
     """What each log file got since `sizes` was taken (files created since included)."""
     out = {}
-    for path in log_files():
+    for path in log_files(cluster):
         with path.open("rb") as f:
             f.seek(sizes.get(path, 0))
             text = f.read().decode("utf-8", "replace")
@@ -117,7 +117,7 @@ def test_a_flood_of_429s_leaves_no_error_and_no_traceback_in_any_log(cluster) ->
     api_key = key("flood")  # one request a minute
     assert post(cluster, "/v1/chat/completions", api_key, {"model": MODEL, "messages": HELLO, "max_tokens": 1}
                 ).status_code == 200
-    before = log_files()
+    before = log_files(cluster)
     bodies = [({"model": MODEL, "messages": HELLO, "max_tokens": 1}, "/v1/chat/completions"),
               ({"model": MODEL, "messages": HELLO, "max_tokens": 1, "stream": True}, "/v1/chat/completions"),
               ({"model": MODEL, "max_tokens": 1, "messages": HELLO}, "/v1/messages")]
@@ -139,7 +139,7 @@ def test_a_flood_of_429s_leaves_no_error_and_no_traceback_in_any_log(cluster) ->
     # Serve writes its logs as records come; the refusals' own line comes within its interval.
     deadline, new = time.monotonic() + 30, {}
     while time.monotonic() < deadline:
-        new = written_since(before)
+        new = written_since(cluster, before)
         if any("refused 429" in text for text in new.values()):
             break
         time.sleep(0.5)

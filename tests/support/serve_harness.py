@@ -6,8 +6,10 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,12 @@ def load_config(*overlays: dict[str, Any] | str) -> dict[str, Any]:
     return without_unused_deployments(config)
 
 
+def own_ports() -> dict[str, str]:
+    """HAProxy's stats and metrics listeners (Serve's fixed 8404 and 9101 by default) on free ports, so that two test
+    clusters on one machine (two sessions at once) do not fail each other's start."""
+    return {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+
+
 # What only the tests' clusters set: an Ingress replica being stopped stays reachable this long for load balancers
 # to deregister it (Serve's default is 30 s, and every test cluster's end waited for it); a test cluster is torn
 # down whole, with nothing in front of it to drain.
@@ -213,7 +221,7 @@ class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
                  timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
                  address: str | None = None, require_healthy: bool = True, require_running: bool = True,
-                 serve_local: bool = False) -> None:
+                 serve_local: bool = False, kv_dir: str | None = None) -> None:
         self.require_healthy = require_healthy  # False: RUNNING is enough (a model meant to be unavailable)
         # False (with require_healthy False): an HTTP answer from /health is enough (a model never placed)
         self.require_running = require_running
@@ -225,8 +233,11 @@ class ServeCluster:
         # Ingress replica serving self.port itself and Serve's proxy on a free port nobody calls.
         self.serve_local = serve_local
         # Otherwise as a cluster's nodes start Ray (CLUSTER_RAY_ENV): HAProxy on self.port, in front of the Ingress
-        # replicas' own HTTP servers.
-        self.env = {**(local_ray_env(self.port) if serve_local else CLUSTER_RAY_ENV), **TEST_RAY_ENV, **(env or {})}
+        # replicas' own HTTP servers. `kv_dir`: this cluster's node's KV folder (app/engine/kv_tiers.py; default: a
+        # new one, so no cluster restores what another saved unless a test says so).
+        self._own_kv_dir = None if kv_dir else tempfile.mkdtemp(prefix="llamaray-kv-node-")
+        self.env = {**(local_ray_env(self.port) if serve_local else CLUSTER_RAY_ENV), **TEST_RAY_ENV,
+                    "LLAMARAY_KV_CACHE": kv_dir or self._own_kv_dir, **own_ports(), **(env or {})}
         # The app's base URL, under its route_prefix (Serve mounts the app there).
         prefix = (config.get("applications") or [{}])[0].get("route_prefix") or "/"
         self.url = f"http://127.0.0.1:{self.port}{prefix.rstrip('/')}"
@@ -260,6 +271,8 @@ class ServeCluster:
                 start_local_ray(lambda: ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
                                                  include_dashboard=False, namespace="serve", log_to_driver=False,
                                                  **extra))
+            # This cluster's own session (Ray's `session_latest` is whichever Ray on the machine started last).
+            self.session_dir = Path(ray._private.worker._global_node.get_session_dir_path())
             client = serve_api.serve_start(
                 http_options={"host": "127.0.0.1", "port": 0 if self.serve_local else self.port},
                 proxy_location=ProxyLocation.HeadOnly)
@@ -365,6 +378,8 @@ class ServeCluster:
                 serve.shutdown()
         finally:
             ray.shutdown()
+            if self._own_kv_dir:
+                shutil.rmtree(self._own_kv_dir, ignore_errors=True)
             for k, v in self._saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
