@@ -34,8 +34,9 @@ class DiskTier:
     def _dir(self, key: str, scope: str) -> Path:
         return self.root / key / scope
 
-    def scan(self, key: str) -> Iterator[IndexRecord]:
-        """Every usable record of model `key` (unusable ones removed as they are met)."""
+    def scan(self, key: str, known: set[str] = frozenset()) -> Iterator[tuple[str, IndexRecord | None]]:
+        """(name, record) of every usable entry of model `key`; the record None for a name in `known` (not read
+        again). Unusable entries are removed as they are met."""
         base = self.root / key
         if not base.is_dir():
             return
@@ -43,13 +44,17 @@ class DiskTier:
             if not scope_dir.is_dir():
                 continue
             for idx in scope_dir.glob(f"*{IDX}"):
+                name = idx.name[:-len(IDX)]
+                if name in known:
+                    yield name, None
+                    continue
                 try:
                     record = decode_index(idx.read_bytes(), key, scope_dir.name)
                 except (OSError, EntryError):
                     self._remove_files(idx.with_suffix(""))
                     continue
                 if (scope_dir / f"{record.name}{KV}").is_file():
-                    yield record
+                    yield name, record
                 else:
                     self._remove_files(idx.with_suffix(""))  # a record whose payload is gone
 
@@ -128,13 +133,18 @@ class StoreTier:
     def _path(self, key: str, scope: str, name: str, suffix: str) -> str:
         return f"{self.root}/{key}/{scope}/{name}{suffix}"
 
-    def scan(self, key: str) -> Iterator[IndexRecord]:
+    def scan(self, key: str, known: set[str] = frozenset()) -> Iterator[tuple[str, IndexRecord | None]]:
+        """As DiskTier.scan: one listing, and a read of each record not `known` (a store's rescan costs a GET per new
+        entry, not per entry)."""
         try:
             paths = self.fs.glob(f"{self.root}/{key}/*/*{IDX}")
         except FileNotFoundError:
             return
         for path in paths:
-            scope = path.rsplit("/", 2)[-2]
+            scope, name = path.rsplit("/", 2)[-2], path.rsplit("/", 1)[-1][:-len(IDX)]
+            if name in known:
+                yield name, None
+                continue
             try:
                 record = decode_index(self.fs.cat_file(path), key, scope)
             except FileNotFoundError:
@@ -142,7 +152,7 @@ class StoreTier:
             except EntryError:
                 self._remove(path[:-len(IDX)])
                 continue
-            yield record
+            yield name, record
 
     def read(self, record: IndexRecord) -> bytes:
         try:

@@ -298,15 +298,20 @@ class TieredStore:
     def _scan(self, tier: _Tier) -> None:
         if tier.down_until > time.monotonic():
             return
+        with self._lock:
+            known = set(tier.by_name)
         try:
-            records = list(tier.backend.scan(self.key))
+            found = list(tier.backend.scan(self.key, known))
         except Exception as exc:  # noqa: BLE001
             self._failed(tier, "scan", exc)
             return
+        listed = {name for name, _ in found}
+        for name in known - listed:  # evicted or removed by another replica
+            self._forget(tier, name)
         with self._lock:
-            tier.tables, tier.records, tier.by_name, tier.stored_bytes = {}, {}, {}, 0
-            for record in records:
-                self._add_locked(tier, record)
+            for _, record in found:
+                if record is not None:
+                    self._add_locked(tier, record)
 
     # -- indexes ---------------------------------------------------------------------------------------------------
     def _add(self, tier: _Tier, record: IndexRecord) -> None:

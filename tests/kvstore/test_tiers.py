@@ -101,7 +101,7 @@ def test_truncated_corrupted_and_foreign_entries_are_refused_and_removed(tmp_pat
     folder = tmp_path / KEY.digest() / SCOPE
     for suffix in (".kv", ".idx"):
         (tmp_path / OTHER_MODEL.digest() / SCOPE / f"{other.name}{suffix}").rename(folder / f"{other.name}{suffix}")
-    assert all(r.key == KEY.digest() for r in DiskTier(tmp_path, 1 << 30).scan(KEY.digest()))
+    assert all(r.key == KEY.digest() for _, r in DiskTier(tmp_path, 1 << 30).scan(KEY.digest()))
     assert not (folder / f"{other.name}.idx").exists()
 
 
@@ -152,7 +152,7 @@ def test_replicas_writing_the_same_entry_at_once_leave_one_good_copy(tmp_path):
             t.start()
         for t in threads:
             t.join()
-        [found] = list(tier.scan(KEY.digest()))
+        [(_, found)] = list(tier.scan(KEY.digest()))
         assert tier.read(found) == state(1 << 16, 9)
     assert not errors
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
@@ -177,7 +177,7 @@ def test_a_full_or_read_only_disk_is_set_aside_and_nothing_fails(tmp_path):
 class BrokenStore(StoreTier):
     """A store whose every call fails (a network partition)."""
 
-    def scan(self, key):
+    def scan(self, key, known=frozenset()):
         raise ConnectionError("store unreachable")
 
     def write(self, record, payload):
@@ -209,3 +209,22 @@ def test_a_files_checksum_is_read_once_per_version(tmp_path):
     assert len(first) == 64 and list((cache / "identities").iterdir())
     path.write_bytes(b"other weights" * 1000)  # another version (size, mtime)
     assert file_sha256(str(path), str(cache)) != first
+
+
+def test_a_rescan_reads_only_new_records_and_forgets_removed_ones(tmp_path, monkeypatch):
+    shared = StoreTier(f"file://{tmp_path / 'store'}")
+    s = store(shared)
+    s.save(tokens(40), state(64, 1), 64, SCOPE)
+    assert s.flush()
+    other = StoreTier(f"file://{tmp_path / 'store'}")  # another replica writes one more
+    other.write(index_record(KEY.digest(), SCOPE, tokens(40, start=500), state(64, 2)), state(64, 2))
+    reads = []
+    real = shared.fs.cat_file
+    monkeypatch.setattr(shared.fs, "cat_file", lambda path, *a, **k: (reads.append(path), real(path, *a, **k))[1])
+    s._scan(s._tiers[0])
+    assert len(reads) == 1 and reads[0].endswith(".idx")  # the new record only
+    assert s.longest(tokens(40, start=500), SCOPE) is not None
+    first = s.longest(tokens(40), SCOPE).record
+    shared.remove(first)  # gone from the store (another replica found it corrupted, say)
+    s._scan(s._tiers[0])
+    assert s.longest(tokens(40), SCOPE) is None
