@@ -11,12 +11,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..api.errors import APIError, invalid_request, model_not_found, not_found, service_unavailable
+from ..api.errors import invalid_request, model_not_found, not_found, service_unavailable
 from ..generation.caller import ANONYMOUS
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
 from ..serving.reply_headers import WithHeaders, split_headers
+from ..tenants.prep_pool import PREPARATION
 from .auth import KeyChecker
 from .browser_guard import BrowserPolicy
 from .errors import error_event, error_response
@@ -178,19 +179,19 @@ class Endpoints:
     async def metrics(self, request: Request, route: Route) -> Response:
         """The node's metrics of this application that the caller's key may see (app/http/metrics_page.py)."""
         source = self.node_metrics
+        if source is None:
+            return error_response(not_found("This server has no node metrics to serve here (it does not run on "
+                                            "Ray)."), route.errors, request.scope)
         try:
-            if source is None:
-                raise not_found("This server has no node metrics to serve here (it does not run on Ray).")
-            try:
-                export = await source.read()
-            except APIError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the node's agent down or slow: the scrape fails, said so
-                raise service_unavailable(f"The node's metrics could not be read from Ray's metrics agent: "
-                                          f"{type(exc).__name__}: {str(exc)[:200]}", code="metrics_unavailable") from None
-            text = metrics_text(export, source.application, policy_of(request), self.cards)
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors, request.scope)
+            export = await source.read()
+        except Exception as exc:  # noqa: BLE001 - the node's agent down or slow: the scrape fails, said so
+            error = service_unavailable(f"The node's metrics could not be read from Ray's metrics agent: "
+                                        f"{type(exc).__name__}: {str(exc)[:200]}", code="metrics_unavailable")
+            return error_response(error, route.errors, request.scope)
+        caller = caller_of(request) or ANONYMOUS
+        # A node's export can be megabytes: read off the event loop, in the key's turn, as any request's CPU work.
+        text = await PREPARATION.run(caller.tenant, metrics_text, export, source.application, policy_of(request),
+                                     self.cards)
         return Response(text, media_type=PROMETHEUS_TEXT)
 
 

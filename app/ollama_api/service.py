@@ -6,6 +6,7 @@ model (no prompt, no messages) is answered by `keep_alive` (keep_alive.py) witho
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -70,6 +71,27 @@ def _num_predict(exc: APIError) -> APIError:
         return exc
     return APIError(exc.message.replace("`max_tokens`", "`options.num_predict`"), param="options.num_predict",
                     code=exc.code, status=exc.status, type=exc.type)
+
+
+_IMAGE_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\](?:\.image_url)?")
+
+
+def _image_names(exc: APIError, req: _Generating) -> APIError:
+    """An error about an image part (`messages[i].content[j]`: the chat request's) named as the client sent the
+    image: `messages[i].images[j]` (images come first in their message's parts), or /api/generate's `images[j]`."""
+    def named(match: re.Match[str]) -> str:
+        i, j = int(match.group(1)), int(match.group(2))
+        if isinstance(req, OllamaChatRequest):
+            images = req.messages[i].images or [] if i < len(req.messages) else []
+            return f"messages[{i}].images[{j}]" if j < len(images) else match.group(0)
+        generated = req.images or []  # type: ignore[attr-defined]
+        prompt_turn = 1 if req.system else 0  # type: ignore[attr-defined]
+        return f"images[{j}]" if i == prompt_turn and j < len(generated) else match.group(0)
+
+    if exc.param is None or not _IMAGE_PART.search(exc.param):
+        return exc
+    return APIError(_IMAGE_PART.sub(named, exc.message), param=_IMAGE_PART.sub(named, exc.param), code=exc.code,
+                    status=exc.status, type=exc.type, headers=exc.headers)
 
 
 class _Records:
@@ -233,8 +255,11 @@ class _Turns:
 
     async def plan(self, req: _Generating, caller: Caller = ANONYMOUS) -> OllamaPlan[GenerationPlan]:
         received = time.monotonic()
-        inner = await self.core.plan(req, self.target(req, caller), self.core.scope(caller, None), self.make_plan,
-                                     caller)
+        try:
+            inner = await self.core.plan(req, self.target(req, caller), self.core.scope(caller, None), self.make_plan,
+                                         caller)
+        except APIError as exc:
+            raise _image_names(exc, req) from None
         return OllamaPlan(inner, req, received)
 
     def reply(self, plan: OllamaPlan[GenerationPlan], stream: bool) -> TurnReply:

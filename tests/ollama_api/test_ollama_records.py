@@ -7,6 +7,7 @@ loads its model generates nothing; `keep_alive` pins and unloads only where the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from app.ollama_api.options import FOREVER
 from app.ollama_api.schemas import parse_chat, parse_generate
 from app.ollama_api.service import OllamaService
 from app.tenants.policies import KeyPolicy
+from tests.support.hostile_images import solid
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -34,8 +36,8 @@ def pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)]
 
 
-def service(spec, parts: list[str], finish: str = "stop", *, prompt: int = 40, seen: list | None = None,
-            pools: Any = None) -> OllamaService:
+def model_events(parts: list[str], finish: str = "stop", *, prompt: int = 40, seen: list | None = None):
+    """A model's stream: one batch per part (the parsers see every fragment as it comes)."""
     async def generate(model_id, gen):
         if seen is not None:
             seen.append(gen)
@@ -43,7 +45,12 @@ def service(spec, parts: list[str], finish: str = "stop", *, prompt: int = 40, s
         for part in parts:
             yield [Text(part, 1)]
         yield [Finished(finish, prompt, len(parts), 0)]
-    return OllamaService([spec], generate, pools=pools)
+    return generate
+
+
+def service(spec, parts: list[str], finish: str = "stop", *, prompt: int = 40, seen: list | None = None,
+            pools: Any = None) -> OllamaService:
+    return OllamaService([spec], model_events(parts, finish, prompt=prompt, seen=seen), pools=pools)
 
 
 async def _records(svc, req, caller: Caller) -> list[dict[str, Any]]:
@@ -158,7 +165,8 @@ def test_requests_that_only_load_generate_nothing(bundled_spec):
     (parse_chat, {"messages": [{"role": "user", "content": "x"}], "options": {"tempurature": 1}}, "options.tempurature"),
     (parse_chat, {"messages": [{"role": "user", "content": "x"}], "options": {"num_ctx": 99999}}, "options.num_ctx"),
     (parse_chat, {"messages": [{"role": "user", "content": "x"}], "keep_alive": "later"}, "keep_alive"),
-    (parse_chat, {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].content[1]"),
+    (parse_chat, {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images[0]"),
+    (parse_generate, {"prompt": "x", "system": "s", "images": ["aGk="]}, "images[0]"),
     (parse_chat, {"messages": [], "options": {"x": 1}}, "options.x"),
     (parse_generate, {"prompt": "x", "options": {"num_predict": 10**6}}, "options.num_predict"),
     (parse_generate, {"prompt": "x", "format": {"type": "object", "minLength": 10**6}}, "response_format.json_schema.schema"),
@@ -234,7 +242,7 @@ def test_an_unload_after_the_reply_that_the_pool_refuses_leaves_the_reply_answer
         async def unload(self, request, caller):
             raise APIError("busy", status=409, code="model_busy")
     pooled = replace(bundled_spec, pool="tail")
-    svc = OllamaService([pooled], service(pooled, ["ok"]).turns.service.core.generate, pools=BusyPools())
+    svc = service(pooled, ["ok"], pools=BusyPools())
     body = asyncio.run(svc.complete(parse_chat(chat_body(pooled, stream=False, keep_alive=0)), ADMIN))
     assert body["message"]["content"] == "ok"
 
@@ -243,3 +251,38 @@ def test_records_are_strict_json(bundled_spec):
     whole, streamed = run_both(service(bundled_spec, ["a"]), parse_chat, chat_body(bundled_spec))
     for record in [whole, *streamed]:
         json.loads(json.dumps(record, allow_nan=False))
+
+
+@pytest.mark.parametrize("body", [{"prompt": "", "keep_alive": -1}, {"prompt": "", "keep_alive": 0},
+                                  {"prompt": "hi", "keep_alive": -1}])
+def test_keep_alive_loads_pins_or_unloads_no_model_the_key_may_not_use(bundled_spec, body):
+    pooled = replace(bundled_spec, pool="tail")
+    pools = FakePools()
+    svc = service(pooled, ["x"], pools=pools)
+    # An admin key limited to another model: it manages the pools, but only for the models it may use.
+    narrow_admin = Caller(key_id="n", policy=KeyPolicy(name="ops-b", key_sha256="3" * 64, admin=True, models=("b",)))
+    for caller in (narrow_admin, Caller(key_id="u", policy=KeyPolicy(name="t", key_sha256="4" * 64, models=("b",)))):
+        with pytest.raises(APIError) as info:
+            asyncio.run(svc.complete(parse_generate({"model": pooled.id, "stream": False, **body}), caller))
+        assert info.value.status == 404
+    assert pools.calls == []
+    asyncio.run(svc.complete(parse_generate({"model": pooled.id, "stream": False, **body}), ADMIN))
+    assert pools.calls  # the same request from a key that may use the model does act
+
+
+PNG = base64.b64encode(solid((0, 0, 255))).decode()
+
+
+def test_an_image_that_does_not_decode_is_named_as_the_client_sent_it(bundled_spec):
+    seen: list = []
+    sighted = replace(bundled_spec, mmproj_path="projector.gguf")  # takes images; none is ever decoded here
+    svc = service(sighted, ["x"], seen=seen)
+    for parse, body, param in (
+            (parse_chat, {"messages": [{"role": "user", "content": "x"},
+                                       {"role": "user", "content": "y", "images": [PNG, "not base64!"]}]},
+             "messages[1].images[1]"),
+            (parse_generate, {"prompt": "x", "images": ["iVBORw0KGgo="]}, "images[0]")):
+        with pytest.raises(APIError) as info:
+            asyncio.run(svc.complete(parse({"model": sighted.id, "stream": False, **body}), Caller()))
+        assert info.value.status == 400 and info.value.param == param and param in info.value.message, info.value
+    assert seen == []
