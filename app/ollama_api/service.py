@@ -359,11 +359,17 @@ class OllamaService:
         req = resolved(self.models, req, caller)
         return req, keep_alive_seconds(req.keep_alive)
 
+    def _generating(self, req: _Generating, caller: Caller) -> ModelSpec:
+        """The model a generation runs on, once what can be told before planning is: a model of the route's kind,
+        valid options (a pin for a request refused at once would outlive it)."""
+        read_options(req.options)
+        return self._lifecycle(req).service.target(req, caller).spec
+
     async def complete(self, req: _Generating, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         req, seconds = self._prepared(req, caller)
         if self._loads_only(req):
             return await self._load(req, seconds, caller)
-        spec = split_model(self.models, req.model)[0]  # type: ignore[index]
+        spec = self._generating(req, caller)
         await self.keep_alive.before(spec, seconds, caller)
         body = await self._lifecycle(req).complete(req, caller)
         await self.keep_alive.after(spec, seconds, caller)
@@ -376,7 +382,7 @@ class OllamaService:
             yield []
             yield [record]
             return
-        spec = split_model(self.models, req.model)[0]  # type: ignore[index]
+        spec = self._generating(req, caller)
         await self.keep_alive.before(spec, seconds, caller)
         events = self._lifecycle(req).stream(req, caller)
         try:

@@ -83,6 +83,17 @@ def test_a_key_sees_and_reaches_only_its_models(cluster):
     assert info.value.status_code == 403 and "config" in info.value.error
 
 
+def test_hostile_options_are_refused_before_the_model(cluster, http):
+    with pytest.raises(ollama.ResponseError) as info:
+        client(cluster).chat(model=MODEL, messages=[{"role": "user", "content": "x"}], options={"mirostat": 2})
+    assert info.value.status_code == 400 and "options.mirostat" in info.value.error
+    raw = b'{"model": "%s", "prompt": "x", "options": {"temperature": NaN}}' % MODEL.encode()
+    r = http.post("/api/generate", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and set(r.json()) == {"error"} and "not finite" in r.json()["error"]
+    r = http.post("/api/generate", json={"model": MODEL, "prompt": "x", "options": {"num_ctx": 10**6}})
+    assert r.status_code == 400 and "options.num_ctx" in r.json()["error"]
+
+
 def test_metrics_on_the_api_port(cluster):
     """The node's series of this application, behind the key check; a key limited to the base model reads none
     of the other models'."""

@@ -53,6 +53,8 @@ class Backend:
 
     async def respond(self, request, caller) -> dict[str, Any]:
         self.seen.append(request)
+        if not hasattr(request, "model"):  # /api/tags, /api/ps, /api/version
+            return {"version": "0"}
         return record(request.name, f"model {request.model}", True, done_reason="stop")
 
     async def stream(self, request, caller):
@@ -125,6 +127,16 @@ def test_every_failure_under_api_is_ollamas_shape_and_reaches_nothing(tmp_path):
         for path, body in (("/api/embed", {"model": "m:a1", "input": "x"}), ("/api/show", {"model": "m:a1"})):
             ollama_error(c.post(path, json=body, headers=bearer(NARROW)), 404)  # an adapter it was not given
     assert backend.seen == []
+
+
+@pytest.mark.parametrize("root_path", ["", "/llm"])
+def test_a_key_is_needed_under_any_prefix(tmp_path, root_path):
+    app = build_http_app(Backend(), CARDS, ServerSettings(keys=keys_file(tmp_path)))
+    with TestClient(app, root_path=root_path) as c:
+        for path in ("/api/tags", "/api/ps", "/api/version", "/api/anything"):
+            assert "key" in ollama_error(c.get(root_path + path), 401)
+        assert c.get(root_path + "/metrics").json()["error"]["code"] == "invalid_api_key"
+        assert c.get(root_path + "/api/version", headers=bearer(USER)).status_code == 200
 
 
 @pytest.mark.parametrize("key", [ADMIN, USER])

@@ -286,3 +286,16 @@ def test_an_image_that_does_not_decode_is_named_as_the_client_sent_it(bundled_sp
             asyncio.run(svc.complete(parse({"model": sighted.id, "stream": False, **body}), Caller()))
         assert info.value.status == 400 and info.value.param == param and param in info.value.message, info.value
     assert seen == []
+
+
+def test_a_request_refused_at_once_pins_nothing(bundled_spec):
+    pooled = replace(bundled_spec, pool="tail")
+    embedder = replace(bundled_spec, id="emb", kind="embedding", pool="tail")
+    pools = FakePools()
+    svc = OllamaService([pooled, embedder], model_events(["x"]), pools=pools)
+    for body in ({"model": pooled.id, "options": {"mirostat": 1}}, {"model": "emb"}):
+        with pytest.raises(APIError) as info:
+            asyncio.run(svc.complete(parse_chat({**chat_body(pooled), **body, "stream": False, "keep_alive": -1}),
+                                     ADMIN))
+        assert info.value.status == 400
+    assert pools.calls == []
