@@ -26,9 +26,8 @@ from ..pools.admin import PoolAdmin, PoolModelsRequest
 from ..prompt.tool_calling import resolve_reply_format
 from ..tenants.access import may_use
 from .errors import model_not_found
-from .names import listed_name
+from .names import listed_name, resolved
 from .schemas import OllamaPsRequest, OllamaShowRequest, OllamaTagsRequest, OllamaVersionRequest
-from .service import resolved
 
 OLLAMA_API_VERSION = "0.12.0"
 """The Ollama version whose API these routes follow (clients gate features on /api/version), not llamaray's own."""

@@ -22,7 +22,7 @@ from ..pools.admin import PoolAdmin
 from .keep_alive import KeepAlive
 from .options import check_num_ctx, keep_alive_seconds, read_options
 from .schemas import OllamaEmbeddingsRequest, OllamaEmbedRequest
-from .service import resolved
+from .names import resolved
 
 
 class OllamaEmbedService:

@@ -17,6 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
+from ..config.spec import ModelSpec
+from ..generation.adapters import split_model
+from ..generation.caller import Caller
+from ..tenants.access import may_use
 from .errors import model_not_found
 
 R = TypeVar("R")
@@ -50,3 +54,13 @@ def resolve_request(req: R, known: Callable[[str], bool]) -> R:
     if model_id is None:
         raise model_not_found(req.name)  # type: ignore[attr-defined]
     return req.with_model(model_id)  # type: ignore[attr-defined]
+
+
+def resolved(models: dict[str, ModelSpec], req: R, caller: Caller) -> R:
+    """`resolve_request` where the specs are known (the processing; the Ingress asks its model cards): an id is
+    known when it names a configured model or one of its adapters and the caller's key may use it."""
+    def known(name: str) -> bool:
+        found = split_model(models, name)
+        return found is not None and may_use(caller.policy, found[0].id, ((found[1], 1.0),) if found[1] else ())
+
+    return resolve_request(req, known)

@@ -6,225 +6,34 @@ model (no prompt, no messages) is answered by `keep_alive` (keep_alive.py) witho
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from ..api.errors import APIError
 from ..completions.service import CompletionPlan, CompletionService, plan_completion
 from ..config.app_args import Limits
 from ..config.spec import ModelSpec
-from ..engine.events import Event, Finished, Started, Text
-from ..generation.adapters import Target, reached_model, served_target, split_model
+from ..engine.events import Event
+from ..generation.adapters import Target, reached_model, served_target
 from ..generation.caller import ANONYMOUS, Caller, cache_scope
 from ..generation.core import GenerationCore
 from ..generation.lifecycle import Lifecycle, plan_off_loop
 from ..generation.plan import GenerationPlan, grammar_limits
-from ..generation.reading import Closed, Delta, ReplyReader
 from ..generation.rounds import Generate
-from ..generation.tally import ReplyTally
 from ..grammar.request_grammars import json_grammar
-from ..observe.request_records import RequestObserver, RequestRecord
+from ..observe.request_records import RequestObserver
 from ..pools.admin import PoolAdmin
-from ..tenants.access import may_use
+from .errors import images_named, num_predict_named
 from .keep_alive import KeepAlive
 from .mapping import response_format, to_chat_request, to_completion_request
-from .names import resolve_request
+from .names import resolved
 from .options import check_num_ctx, keep_alive_seconds, penalty_window, read_options
-from .schemas import OllamaChatRequest, OllamaGenerateRequest, _Generating, _Named
-from .shaping import (
-    chat_record, final_fields, generate_record, load_record, message, ollama_tool_calls,
-)
+from .replies import OllamaPlan, RawReply, TurnReply
+from .schemas import OllamaChatRequest, OllamaGenerateRequest, _Generating
+from .shaping import load_record
 
 PROTOCOL = "ollama"
-InnerPlan = TypeVar("InnerPlan", GenerationPlan, CompletionPlan)
-NamedT = TypeVar("NamedT", bound=_Named)
-
-
-def resolved(models: dict[str, ModelSpec], req: NamedT, caller: Caller) -> NamedT:
-    """`req` naming the configured id its model name means (names.py), for the caller's key; Ollama's 404 else."""
-    def known(name: str) -> bool:
-        found = split_model(models, name)
-        return found is not None and may_use(caller.policy, found[0].id, ((found[1], 1.0),) if found[1] else ())
-
-    return resolve_request(req, known)
-
-
-@dataclass(frozen=True)
-class OllamaPlan(Generic[InnerPlan]):
-    """A planned Ollama turn: the core's (or the completions') plan, and what its records need."""
-
-    inner: InnerPlan
-    req: _Generating
-    received_at: float  # when the request reached the processing (total_duration counts from it)
-
-    @property
-    def chat(self) -> bool:
-        return isinstance(self.req, OllamaChatRequest)
-
-
-def _num_predict(exc: APIError) -> APIError:
-    """A limit error about `max_tokens` named as the Ollama client set it (`options.num_predict`)."""
-    if exc.param != "max_tokens":
-        return exc
-    return APIError(exc.message.replace("`max_tokens`", "`options.num_predict`"), param="options.num_predict",
-                    code=exc.code, status=exc.status, type=exc.type)
-
-
-_IMAGE_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\](?:\.image_url)?")
-
-
-def _image_names(exc: APIError, req: _Generating) -> APIError:
-    """An error about an image part (`messages[i].content[j]`: the chat request's) named as the client sent the
-    image: `messages[i].images[j]` (images come first in their message's parts), or /api/generate's `images[j]`."""
-    def named(match: re.Match[str]) -> str:
-        i, j = int(match.group(1)), int(match.group(2))
-        if isinstance(req, OllamaChatRequest):
-            images = req.messages[i].images or [] if i < len(req.messages) else []
-            return f"messages[{i}].images[{j}]" if j < len(images) else match.group(0)
-        generated = req.images or []  # type: ignore[attr-defined]
-        prompt_turn = 1 if req.system else 0  # type: ignore[attr-defined]
-        return f"images[{j}]" if i == prompt_turn and j < len(generated) else match.group(0)
-
-    if exc.param is None or not _IMAGE_PART.search(exc.param):
-        return exc
-    return APIError(_IMAGE_PART.sub(named, exc.message), param=_IMAGE_PART.sub(named, exc.param), code=exc.code,
-                    status=exc.status, type=exc.type, headers=exc.headers)
-
-
-class _Records:
-    """What both replies share: the request's name and shape, the slot wait the engine reported, and the records."""
-
-    def __init__(self, plan: OllamaPlan[Any], tally: ReplyTally) -> None:
-        self.plan = plan
-        self.tally = tally
-        self.queued_s: float | None = None
-
-    def saw(self, events: list[Any]) -> None:
-        for ev in events:
-            if isinstance(ev, Started) and self.queued_s is None:
-                self.queued_s = ev.queued_s
-
-    def line(self, text: str = "", thinking: str | None = None, calls: list[dict[str, Any]] | None = None,
-             **fields: Any) -> dict[str, Any]:
-        """One record of the reply (`fields`: the final record's)."""
-        name = self.plan.req.name
-        if self.plan.chat:
-            return chat_record(name, message(text, thinking, calls), **fields)
-        return generate_record(name, text, thinking, **fields)
-
-    def final(self, finish_reason: str | None, text: str = "", thinking: str | None = None,
-              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        return self.line(text, thinking, calls, **final_fields(self.tally, self.plan.received_at,
-                                                                 self.queued_s or 0.0, finish_reason))
-
-
-class TurnReply(_Records):
-    """A templated turn (/api/chat, /api/generate): the core's reading of one choice as Ollama's records. A stream
-    sends text and thinking as they are parsed, and a call whole, once its arguments are (Ollama's clients read
-    `arguments` as an object)."""
-
-    def __init__(self, plan: OllamaPlan[GenerationPlan]) -> None:
-        self.reader = ReplyReader(plan.inner)
-        super().__init__(plan, self.reader.choices[0].tally)
-        self.calls: dict[int, dict[str, Any]] = {}  # a stream's calls by index, arguments as generated so far
-
-    def read(self, batch: tuple[int, list[Event]]) -> None:
-        self.saw(batch[1])
-        self.reader.read(batch)
-
-    def check(self) -> None:
-        self.reader.check()
-
-    def body(self) -> dict[str, Any]:
-        result = self.reader.results()[0]
-        msg = result.message
-        calls = ollama_tool_calls(msg.get("tool_calls") or [])
-        return self.final(result.finish_reason, msg.get("content") or "", msg.get("reasoning_content"), calls)
-
-    def chunks(self, batch: tuple[int, list[Event]]) -> list[dict[str, Any]]:
-        self.saw(batch[1])
-        out = []
-        for ev in self.reader.feed(batch):
-            if isinstance(ev, Delta):
-                delta = ev.delta
-                if delta.get("content") or delta.get("reasoning_content"):
-                    out.append(self.line(delta.get("content") or "", delta.get("reasoning_content")))
-                for call in delta.get("tool_calls") or []:
-                    self._call(call)
-            elif isinstance(ev, Closed):
-                if self.calls:
-                    calls = [self.calls[i] for i in sorted(self.calls)]
-                    out.append(self.line(calls=ollama_tool_calls(calls)))
-                out.append(self.final(ev.finish_reason))
-        return out
-
-    def _call(self, part: dict[str, Any]) -> None:
-        call = self.calls.setdefault(part.get("index", 0), {"id": None, "function": {"name": "", "arguments": ""}})
-        if part.get("id") is not None:
-            call["id"] = part["id"]
-        fn = part.get("function") or {}
-        if fn.get("name"):
-            call["function"]["name"] = fn["name"]
-        call["function"]["arguments"] += fn.get("arguments") or ""
-
-    @property
-    def whole(self) -> bool:
-        return self.reader.ended
-
-    def tail(self) -> list[dict[str, Any]]:
-        return []  # the counts are in the final record
-
-    def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
-        return self.reader.record(protocol, stream, failure)
-
-
-class RawReply(_Records):
-    """A raw generation (the prompt as it is): the model's text, as it comes, as `response` records. Batches:
-    [(prompt number, event)], as the completions service yields them."""
-
-    def __init__(self, plan: OllamaPlan[CompletionPlan]) -> None:
-        super().__init__(plan, ReplyTally())
-        self.pieces: list[str] = []
-        self.finish_reason: str | None = None
-
-    def _take(self, batch: list[tuple[int, Event]], shaped: bool) -> list[dict[str, Any]]:
-        self.saw([ev for _, ev in batch])
-        out = []
-        for _, ev in batch:
-            if isinstance(ev, Text) and ev.text:
-                self.pieces.append(ev.text)
-                if shaped:
-                    out.append(self.line(ev.text))
-            elif isinstance(ev, Finished):
-                self.finish_reason = ev.finish_reason
-                if shaped:
-                    out.append(self.final(ev.finish_reason))
-        return out
-
-    def read(self, batch: list[tuple[int, Event]]) -> None:
-        self._take(batch, shaped=False)
-
-    def check(self) -> None:
-        """A raw generation is answered as it came out, however empty (as a legacy completion is)."""
-
-    def body(self) -> dict[str, Any]:
-        return self.final(self.finish_reason, "".join(self.pieces))
-
-    def chunks(self, batch: list[tuple[int, Event]]) -> list[dict[str, Any]]:
-        return self._take(batch, shaped=True)
-
-    @property
-    def whole(self) -> bool:
-        return self.finish_reason is not None
-
-    def tail(self) -> list[dict[str, Any]]:
-        return []
-
-    def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:
-        return self.tally.record(self.plan.inner.spec.id, stream, failure, protocol)
 
 
 class _Turns:
@@ -232,9 +41,8 @@ class _Turns:
 
     protocol = PROTOCOL
 
-    def __init__(self, core: GenerationCore, keep_alive: KeepAlive) -> None:
+    def __init__(self, core: GenerationCore) -> None:
         self.core = core
-        self.keep_alive = keep_alive
 
     def target(self, req: _Generating, caller: Caller) -> Target:
         return self.core.target(req.model, _route(req), caller)
@@ -247,7 +55,7 @@ class _Turns:
         try:
             plan = self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
         except APIError as exc:
-            raise _num_predict(exc) from None
+            raise num_predict_named(exc) from None
         window = penalty_window(sampling, spec)
         if window is not None:
             plan.gen.sampling.penalty_last_n = window
@@ -259,7 +67,7 @@ class _Turns:
             inner = await self.core.plan(req, self.target(req, caller), self.core.scope(caller, None), self.make_plan,
                                          caller)
         except APIError as exc:
-            raise _image_names(exc, req) from None
+            raise images_named(exc, req) from None
         return OllamaPlan(inner, req, received)
 
     def reply(self, plan: OllamaPlan[GenerationPlan], stream: bool) -> TurnReply:
@@ -291,7 +99,7 @@ class _RawGenerations:
         try:
             plan = plan_completion(to_completion_request(req, sampling), spec, self.limits, scope)
         except APIError as exc:
-            raise _num_predict(exc) from None
+            raise num_predict_named(exc) from None
         gen = plan.gens[0]
         fmt = response_format(req.format)
         if fmt is not None:
@@ -340,7 +148,7 @@ class OllamaService:
         self.keep_alive = KeepAlive(pools)
         core = GenerationCore(specs, generate, limits=limits, per_key_cache=per_key_cache)
         completions = CompletionService(specs, generate, limits=limits, per_key_cache=per_key_cache)
-        self.turns = Lifecycle(_Turns(core, self.keep_alive), observer)
+        self.turns = Lifecycle(_Turns(core), observer)
         self.raw = Lifecycle(_RawGenerations(completions, limits, per_key_cache), observer)
 
     def _lifecycle(self, req: _Generating) -> Lifecycle[Any, Any, Any]:

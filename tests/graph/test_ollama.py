@@ -43,6 +43,7 @@ def test_chat_and_generate_whole_and_streamed(cluster):
     messages = [{"role": "user", "content": "Name a colour."}]
     whole = api.chat(model=f"{MODEL}:latest", messages=messages, options=SHORT)
     assert whole.message.content and (whole.done_reason, whole.eval_count) == ("length", 4)
+    assert whole.model == f"{MODEL}:latest"  # the name sent, across the hop, though the id served it
     assert whole.prompt_eval_count > 5 and whole.total_duration > 0
     parts = list(api.chat(model=MODEL, messages=messages, options=SHORT, stream=True))
     assert parts[-1].done and parts[-1].eval_count == 4 and all(not p.done for p in parts[:-1])
