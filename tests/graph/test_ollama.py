@@ -100,6 +100,7 @@ def test_metrics_on_the_api_port(cluster):
     of the other models'."""
     url = f"{cluster.url}/metrics"
     assert httpx.get(url, timeout=30).status_code == 401
+    assert client(cluster).generate(model=MODEL, prompt="Hi", options={"num_predict": 1}).eval_count == 1
     wanted = f'model_name="{MODEL}"'
     deadline, text = time.monotonic() + 60, ""
     while time.monotonic() < deadline:  # Ray's agent reports each process's metrics every few seconds
