@@ -26,6 +26,7 @@ from app.http.browser_guard import HOSTS_ENV, ORIGINS_ENV, browser_policy, entri
 from app.http.routes import TABLE
 from app.http.app import build_http_app
 from app.http.endpoints import ServerSettings
+from app.http.metrics_page import NodeMetrics
 from app.http.model_cards import model_cards
 from app.ops.placement import INGRESS_DEFAULTS
 from app.serving.health import HealthCache, Refresh
@@ -42,6 +43,7 @@ from .direct_ingress import bind_with_reuse_address
 from .engine_host import EngineHost
 from .metrics import RayRequestObserver
 from .models import LocalModels
+from .node_metrics import NodeExport
 from .placement_watch import PlacementWatch, cluster_model_states
 from .pool import LocalPool
 from .pool_status import cluster_pool_states
@@ -76,6 +78,7 @@ class _Front:
         self.settings = ServerSettings(max_body_bytes=limits.max_body_bytes, max_messages=limits.max_messages,
                                        keys=KeyChecker(registry=keys), stream_keepalive_s=limits.stream_keepalive_s,
                                        browser=browser)
+        self.node_metrics = NodeMetrics(NodeExport().read, serve.get_replica_context().app_name)
 
     async def _pool_states(self) -> dict[str, str]:
         await self.health.get()  # refreshed with the health states, at most once a second
@@ -83,7 +86,7 @@ class _Front:
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self.processing, model_cards(self.specs), self.settings, self.health,
-                              pool_states=self._pool_states)
+                              pool_states=self._pool_states, node_metrics=self.node_metrics)
 
 
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))

@@ -7,6 +7,7 @@ model and the field."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ def resolve_model(cfg: ModelConfig, model_cache: str | None = None) -> ModelSpec
         except (GGUFError, OSError) as exc:
             raise ConfigError(f"model {cfg.id!r}: cannot read {path}: {exc}") from None
         where["path"] = str(path)
+        where["file_bytes"] = path.stat().st_size
+    where["gguf_info"] = gguf_info(meta)
     if cfg.kind in ("embedding", "rerank"):
         return embedding_spec(cfg, where, meta)
     template = cfg.chat_template or meta.get("tokenizer.chat_template")
@@ -74,6 +77,18 @@ def resolve_model(cfg: ModelConfig, model_cache: str | None = None) -> ModelSpec
         n_vocab=len(tokens) if isinstance(tokens, list) else 0,
         control_tokens=control_token_texts(meta),
     )
+
+
+MAX_INFO_TEXT = 1024  # longer header strings (a license's full text) describe nothing a client reads
+
+
+def gguf_info(meta: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The header's scalar entries, sorted (ModelSpec.gguf_info): no arrays (the vocabulary), no chat template (the
+    spec has it), no long text."""
+    return tuple(sorted((k, v) for k, v in meta.items()
+                        if isinstance(v, (str, int, float, bool)) and k != "tokenizer.chat_template"
+                        and not (isinstance(v, str) and len(v) > MAX_INFO_TEXT)
+                        and not (isinstance(v, float) and not math.isfinite(v))))
 
 
 def check_projector(cfg: ModelConfig, path: str, meta: dict[str, Any]) -> None:

@@ -98,6 +98,10 @@ class ModelSpec:
     # range reads) or "config" (the header was not readable: `metadata_note` says why; config values only).
     metadata_from: str = "file"
     metadata_note: str = ""
+    # The GGUF header's scalar entries (architecture, parameter count, file type, context length...), sorted by
+    # key, for what describes the model to clients (Ollama's /api/show and /api/tags); () when it was not read.
+    gguf_info: tuple[tuple[str, str | int | float | bool], ...] = ()
+    file_bytes: int = 0  # the GGUF's size (0: a remote file, not fetched by the builder)
     kind: str = "chat"  # ModelConfig.kind: "chat", "embedding" or "rerank"
     # kind embedding: llama.cpp's pooling ("mean", "cls", "last"), unit-length vectors, the sizes a request
     # may truncate them to (Matryoshka), and the model's own vector size. kind rerank: pooling "rank".

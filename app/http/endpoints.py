@@ -11,17 +11,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..api.errors import invalid_request, model_not_found
+from ..api.errors import invalid_request, model_not_found, not_found, service_unavailable
 from ..generation.caller import ANONYMOUS
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
 from ..serving.reply_headers import WithHeaders, split_headers
+from ..tenants.prep_pool import PREPARATION
 from .auth import KeyChecker
 from .browser_guard import BrowserPolicy
 from .errors import error_event, error_response
 from .json_body import JSONBody
 from .keepalive import Tick, with_ticks
+from .metrics_page import PROMETHEUS_TEXT, NodeMetrics, metrics_text
 from .request_state import caller_of, policy_of
 from .model_cards import ModelCard, PoolStates
 from .openapi import openapi_document
@@ -56,9 +58,11 @@ class Endpoints:
     cards and the server's settings. Each takes the HTTP request and its line of the table."""
 
     def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
-                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None) -> None:
+                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None,
+                 node_metrics: NodeMetrics | None = None) -> None:
         self.processing = processing
         self.pool_states = pool_states
+        self.node_metrics = node_metrics
         self.health_cache = health
         self.cards = {m.id: m for m in models}
         self.settings = settings
@@ -68,7 +72,7 @@ class Endpoints:
         """A generating route: the whole body, or its stream framed by the route's framing; errors (and the error
         event that ends a stream under way) in the route's shape."""
         try:
-            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request)
+            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request, route)
             caller = caller_of(request) or ANONYMOUS
             if not req.stream:
                 return json_answer(await self.processing.respond(req, caller))
@@ -79,12 +83,12 @@ class Endpoints:
         scope = request.scope
         return StreamingResponse(_sse(first, events, framing.dialect,
                                       lambda exc: framing.error_event(error_event(exc, route.errors, scope))),
-                                 media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+                                 media_type=framing.dialect.media_type, headers={**SSE_HEADERS, **headers})
 
     async def answer(self, request: Request, route: Route) -> Response:
         """A route answered whole (embeddings, rerank, token counts, /tokenize...)."""
         try:
-            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request)
+            req = self._checked(route.read(await read_json(request, self.settings.max_body_bytes)), request, route)
             return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors, request.scope)
@@ -123,15 +127,23 @@ class Endpoints:
                 break
         return events, first, headers
 
-    def _checked(self, req: Any, request: Request) -> Any:
+    def _checked(self, req: Any, request: Request, route: Route) -> Any:
         """The checks that need the server, not a model: message count, model name (one the key may use: any
-        other is unknown to it, as OpenAI answers), stream options."""
+        other is unknown to it, as OpenAI answers; resolved first where the route's protocol names models its own
+        way), stream options. The request, its model named as configured."""
         messages = getattr(req, "messages", None) or []
         if len(messages) > self.settings.max_messages:
             raise invalid_request(f"Too many messages: {len(messages)} (this server accepts at most "
                                   f"{self.settings.max_messages}).", param="messages", code="too_many_messages")
-        card = self.cards.get(req.model)
-        if card is None or not card.allowed(policy_of(request)):
+        policy = policy_of(request)
+
+        def known(model_id: str) -> bool:
+            card = self.cards.get(model_id)
+            return card is not None and card.allowed(policy)
+
+        if route.resolve is not None:
+            req = route.resolve(req, known)
+        elif not known(req.model):
             raise model_not_found(req.model)
         if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
@@ -163,6 +175,24 @@ class Endpoints:
 
     async def openapi(self, request: Request, route: Route) -> Response:
         return JSONBody(self.spec)
+
+    async def metrics(self, request: Request, route: Route) -> Response:
+        """The node's metrics of this application that the caller's key may see (app/http/metrics_page.py)."""
+        source = self.node_metrics
+        if source is None:
+            return error_response(not_found("This server has no node metrics to serve here (it does not run on "
+                                            "Ray)."), route.errors, request.scope)
+        try:
+            export = await source.read()
+        except Exception as exc:  # noqa: BLE001 - the node's agent down or slow: the scrape fails, said so
+            error = service_unavailable(f"The node's metrics could not be read from Ray's metrics agent: "
+                                        f"{type(exc).__name__}: {str(exc)[:200]}", code="metrics_unavailable")
+            return error_response(error, route.errors, request.scope)
+        caller = caller_of(request) or ANONYMOUS
+        # A node's export can be megabytes: read off the event loop, in the key's turn, as any request's CPU work.
+        text = await PREPARATION.run(caller.tenant, metrics_text, export, source.application, policy_of(request),
+                                     self.cards)
+        return Response(text, media_type=PROMETHEUS_TEXT)
 
 
 def _with_state(card: ModelCard, pool_states: dict[str, str]) -> dict[str, Any]:

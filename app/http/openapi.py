@@ -37,12 +37,13 @@ class Doc:
     schema: str
     stream: bool = False
     statuses: tuple[int, ...] = ()  # its errors besides every route's (403 and 409 of the admin routes)
+    stream_media: str = "text/event-stream"  # a stream's media type (Ollama's routes: NDJSON)
 
     def operation_object(self, errors: dict[str, Any]) -> dict[str, Any]:
         errors = {**errors, **{str(code): _ERROR for code in self.statuses}}
         content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if self.stream:
-            content["text/event-stream"] = {"schema": {"type": "string"}}
+            content[self.stream_media] = {"schema": {"type": "string"}}
         return {
             "operationId": self.operation,
             "requestBody": {"required": True, "content": {"application/json": {
@@ -78,6 +79,25 @@ USAGE = {"operationId": "getUsage", "responses": {
                            "requests in flight and token budget: every key for an admin key (or a server without "
                            "keys), the caller's own otherwise", **_FOUND},
     "401": _ERROR}}
+
+METRICS = {"operationId": "metrics", "responses": {
+    "200": {"description": "The node's Prometheus metrics: llamaray's own series and the vLLM-named ones, as Ray "
+                           "exports them (`ray_llamaray_*`, `ray_vllm_*`), those of models the key may use",
+            "content": {"text/plain": {"schema": {"type": "string"}}}},
+    "401": _ERROR, "404": _ERROR, "503": _ERROR}}
+
+# Ollama's routes without a body (app/ollama_api/catalogue.py); errors are `{"error": "..."}`.
+_OLLAMA_ERROR = {"description": "Ollama-shaped error: `{\"error\": \"...\"}`",
+                 "content": {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                                              "properties": {"error": {"type": "string"}}}}}}
+OLLAMA_TAGS = {"operationId": "ollamaTags", "responses": {
+    "200": {"description": "`models`: the models the key may use, named as Ollama names them", **_FOUND},
+    "401": _OLLAMA_ERROR}}
+OLLAMA_PS = {"operationId": "ollamaPs", "responses": {
+    "200": {"description": "`models`: the models the key may use that are loaded now", **_FOUND},
+    "401": _OLLAMA_ERROR}}
+OLLAMA_VERSION = {"operationId": "ollamaVersion", "responses": {
+    "200": {"description": "`version`: the Ollama API version these routes follow", **_FOUND}, "401": _OLLAMA_ERROR}}
 
 # The admin routes (app/pools/admin.py): an admin key's only, else 403.
 ADMIN_MODELS = {"operationId": "listPooledModels", "responses": {

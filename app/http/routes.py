@@ -29,9 +29,20 @@ from ..openai_responses.schemas import (
     DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest, parse_input_tokens_request,
     parse_responses_request,
 )
+from ..ollama_api.errors import ollama_error_body, refuse_management
+from ..ollama_api.names import resolve_request
+from ..ollama_api.schemas import (
+    OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest, OllamaPsRequest,
+    OllamaShowRequest, OllamaTagsRequest, OllamaVersionRequest, parse_chat, parse_embed, parse_embeddings,
+    parse_generate, parse_show,
+)
 from ..pools.admin import LoadModelRequest, PinModelRequest, PoolModelsRequest, UnloadModelRequest
 from ..serving.tenancy import UsageRequest
-from .openapi import ADMIN_MODELS, DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, RETRIEVE_MODEL, USAGE, Doc
+from .ndjson import NDJSON
+from .openapi import (
+    ADMIN_MODELS, DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, METRICS, OLLAMA_PS, OLLAMA_TAGS, OLLAMA_VERSION,
+    RETRIEVE_MODEL, USAGE, Doc,
+)
 from .responses_sse import ResponsesStream
 from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSEDialect
 
@@ -49,6 +60,7 @@ class Handler(Enum):
     GET_MODEL = "get_model"
     HEALTH = "health"
     OPENAPI = "openapi"
+    METRICS = "metrics"  # the node's Prometheus metrics (llamaray's and the vLLM-named series)
 
 
 class Trace(Enum):
@@ -80,6 +92,9 @@ class Route:
     framing: Callable[[], Any] = functools.partial(Framing, OPENAI_CHAT)  # GENERATE: a streamed answer's SSE
     doc: Doc | dict[str, Any] | None = None  # in the OpenAPI document (a dict: the operation written out)
     admin: bool = False  # an admin key's only (KeyPolicy.admin; any caller of a server without keys), else 403
+    # The request with its `model` named as configured, given a check of ids (configured and the key's to use),
+    # or the protocol's 404 (Ollama's `name:tag`, app/ollama_api/names.py). None: the id exactly, else OpenAI's 404.
+    resolve: Callable[[Any, Callable[[str], bool]], Any] | None = None
 
     def read(self, body: Any) -> Any:
         """The typed request from a decoded body: `parse`, or OpenAI's strict validation of `request`."""
@@ -104,6 +119,11 @@ _POOLED = ("The model's `state` (loaded, loading, available), `pinned`, and `rep
            "its state and pin")
 _ADMIN_ERRORS = (403, 409)
 G, A, H = Handler.GENERATE, Handler.ANSWER, Trace.HOPS
+OLLAMA_PREFIX = "/api/"
+_OLLAMA = {"errors": ollama_error_body, "resolve": resolve_request}
+_NDJSON = functools.partial(Framing, NDJSON)
+_OLLAMA_REFUSED = (("/api/pull", "POST"), ("/api/push", "POST"), ("/api/create", "POST"), ("/api/copy", "POST"),
+                   ("/api/delete", "DELETE"), ("/api/blobs/{digest}", "POST"), ("/api/blobs/{digest}", "GET"))
 
 # Starlette tries the paths in this order: /v1/responses/input_tokens before /v1/responses/{response_id}. The
 # OpenAPI document collects the requests' schemas in this order too, and OpenAI's and Anthropic's `Tool` share
@@ -153,6 +173,29 @@ ROUTES: tuple[Route, ...] = (
     Route("/admin/models/pin", "POST", A, PinModelRequest, admin=True,
           doc=Doc("pinPooledModel", _POOLED, "PinModelRequest", statuses=_ADMIN_ERRORS)),
     Route("/openapi.json", "GET", Handler.OPENAPI),
+    Route("/metrics", "GET", Handler.METRICS, doc=METRICS),
+    # Ollama's API (app/ollama_api/): NDJSON streams, `{"error": ...}` errors, `name:tag` model names.
+    Route("/api/chat", "POST", G, OllamaChatRequest, parse_chat, trace=H, framing=_NDJSON, **_OLLAMA,
+          doc=Doc("ollamaChat", "Ollama's chat record, or an NDJSON stream of them (unless `stream: false`)",
+                  "OllamaChatRequest", stream=True, stream_media="application/x-ndjson")),
+    Route("/api/generate", "POST", G, OllamaGenerateRequest, parse_generate, trace=H, framing=_NDJSON, **_OLLAMA,
+          doc=Doc("ollamaGenerate", "Ollama's generate record, or an NDJSON stream of them (unless `stream: false`)",
+                  "OllamaGenerateRequest", stream=True, stream_media="application/x-ndjson")),
+    Route("/api/embed", "POST", A, OllamaEmbedRequest, parse_embed, trace=H, **_OLLAMA,
+          doc=Doc("ollamaEmbed", "`embeddings`: a vector per input", "OllamaEmbedRequest")),
+    Route("/api/embeddings", "POST", A, OllamaEmbeddingsRequest, parse_embeddings, trace=H, **_OLLAMA,
+          doc=Doc("ollamaEmbeddings", "`embedding`: the prompt's vector", "OllamaEmbeddingsRequest")),
+    Route("/api/show", "POST", A, OllamaShowRequest, parse_show, **_OLLAMA,
+          doc=Doc("ollamaShow", "The model's `details`, `model_info`, `template`, `parameters`, `capabilities`",
+                  "OllamaShowRequest")),
+    Route("/api/tags", "GET", Handler.FROM_PATH, OllamaTagsRequest, lambda _: OllamaTagsRequest(), ollama_error_body,
+          doc=OLLAMA_TAGS),
+    Route("/api/ps", "GET", Handler.FROM_PATH, OllamaPsRequest, lambda _: OllamaPsRequest(), ollama_error_body,
+          doc=OLLAMA_PS),
+    Route("/api/version", "GET", Handler.FROM_PATH, OllamaVersionRequest, lambda _: OllamaVersionRequest(),
+          ollama_error_body, doc=OLLAMA_VERSION),
+    *(Route(path, method, Handler.FROM_PATH, None, refuse_management(f"{method} {path}"), ollama_error_body)
+      for path, method in _OLLAMA_REFUSED),
 )
 
 
@@ -167,12 +210,15 @@ class RouteTable:
             self.by_path.setdefault(route.path, {})[route.method] = route
         self.traced_paths = frozenset(r.path for r in self.routes if r.trace is not Trace.NONE)
         self.hop_traced_types = frozenset(r.request for r in self.routes if r.trace is Trace.HOPS)
-        # By the literal path: a path with parameters keeps OpenAI's shape, whatever its line says.
+        # By the literal path: a path with parameters keeps OpenAI's shape, whatever its line says (but under
+        # Ollama's prefix, where every path is Ollama's).
         self._shapes = {r.path: r.errors for r in self.routes}
 
     def error_shape(self, path: str) -> ErrorShape:
         """The error shape of the protocol a path belongs to, for errors found before its handler runs (a key,
-        an unknown method)."""
+        an unknown method, an unknown path)."""
+        if path.startswith(OLLAMA_PREFIX):
+            return ollama_error_body
         return self._shapes.get(path, error_body)
 
     def hop_traced(self, request: Any) -> bool:

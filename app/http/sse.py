@@ -35,11 +35,15 @@ def encode_named_event(payload: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class SSEDialect:
-    """How one protocol frames its stream: each event, the keep-alive, and the closing line (None: none)."""
+    """How one protocol frames its stream: each event, the keep-alive once its first event is out and before
+    (`waiting`: an SSE comment, which every SSE client skips), the closing line (None: none), and the stream's
+    media type (Ollama's NDJSON is framed this way too: app/http/ndjson.py)."""
 
     encode: Callable[[dict[str, Any]], bytes] = encode_event
     keepalive: bytes = KEEPALIVE
     done: bytes | None = DONE
+    waiting: bytes = KEEPALIVE
+    media_type: str = "text/event-stream"
 
 
 OPENAI_CHAT = SSEDialect()
@@ -59,7 +63,7 @@ async def frame_stream(events: AsyncIterable[list[dict[str, Any]] | Tick], on_er
     try:
         async for batch in events:
             if isinstance(batch, Tick):
-                yield dialect.keepalive if opened else KEEPALIVE
+                yield dialect.keepalive if opened else dialect.waiting
             elif batch:
                 opened = True
                 yield b"".join(dialect.encode(chunk) for chunk in batch)

@@ -22,6 +22,10 @@ from ..config.spec import ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver
 from ..api.errors import invalid_request
 from ..api.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..ollama_api import (
+    OllamaCatalogue, OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaEmbedService,
+    OllamaGenerateRequest, OllamaPsRequest, OllamaService, OllamaShowRequest, OllamaTagsRequest, OllamaVersionRequest,
+)
 from ..openai_responses.retrieval import StoredResponses
 from ..openai_responses.schemas import (
     DeleteResponseRequest, InputTokensRequest, ResponsesRequest, StoredResponseRequest,
@@ -97,6 +101,10 @@ class Processor:
         tokens = TokenService(specs, models, limits=limits)
         stored = StoredResponses(response_store)
         pools = PoolAdmin(specs, models.run, pool_replicas)
+        ollama = OllamaService(specs, models.generate, limits=limits, observer=observer, per_key_cache=per_key_cache,
+                               pools=pools)
+        ollama_embed = OllamaEmbedService(specs, models, limits, observer, pools)
+        ollama_models = OllamaCatalogue(specs, pools)
         self.answers: dict[type, Answer] = {}
         for request_type, answer in (
                 (ChatCompletionRequest, generation(chat)),
@@ -115,7 +123,15 @@ class Processor:
                 (LoadModelRequest, Answer(pools.load)),
                 (UnloadModelRequest, Answer(pools.unload)),
                 (PinModelRequest, Answer(pools.pin)),
-                (PoolModelsRequest, Answer(pools.list))):
+                (PoolModelsRequest, Answer(pools.list)),
+                (OllamaChatRequest, generation(ollama)),
+                (OllamaGenerateRequest, generation(ollama)),
+                (OllamaEmbedRequest, Answer(ollama_embed.embed, protocol=ollama_embed.protocol, metered=True)),
+                (OllamaEmbeddingsRequest, Answer(ollama_embed.legacy, protocol=ollama_embed.protocol, metered=True)),
+                (OllamaShowRequest, Answer(ollama_models.show)),
+                (OllamaTagsRequest, Answer(ollama_models.tags)),
+                (OllamaPsRequest, Answer(ollama_models.ps)),
+                (OllamaVersionRequest, Answer(ollama_models.version))):
             self.register(request_type, answer)
 
     async def _usage(self, request: UsageRequest, caller: Caller) -> dict[str, Any]:
@@ -160,7 +176,7 @@ class Processor:
 
 # OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
-              "embeddings": "embeddings", "rerank": "rerank"}
+              "embeddings": "embeddings", "rerank": "rerank", "ollama": "chat", "ollama_embed": "embeddings"}
 
 
 def _span(protocol: str, request: Any, caller: Caller) -> Any:

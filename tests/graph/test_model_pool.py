@@ -2,7 +2,8 @@
 in one pool with `max_models: 2` and one of them pinned. Graph: two LlamaPool replicas of one CPU each (the
 machine's two cores), so Serve's multiplexed routing chooses among replicas; single: the Ingress's one pool.
 Every model answers; /v1/models lists each with its state; a cold model's stream shows keep-alive comments
-while it loads, then its answer; evictions reach Prometheus, and the pinned model is never evicted."""
+while it loads, then its answer; evictions reach Prometheus, and the pinned model is never evicted; Ollama's
+`keep_alive` loads, pins and unloads a pooled model."""
 
 from __future__ import annotations
 
@@ -164,6 +165,30 @@ def test_admin_refusals(client):
     assert page.status_code == 403 and page.json()["error"]["code"] == "origin_not_allowed"
 
 
+def test_ollamas_keep_alive_loads_pins_and_unloads_a_pooled_model(pcluster, client):
+    """Ollama's `keep_alive` through the official client (app/ollama_api/keep_alive.py): a request without a prompt
+    loads the model, a negative keep_alive pins it, 0 unloads it (here the local user of a server without keys may
+    manage the pools, as an admin key may)."""
+    import ollama
+
+    api = ollama.Client(host=pcluster.url, timeout=120)
+
+    def held(model: str) -> dict:
+        return next(c for c in client.get("/admin/models").json()["data"] if c["id"] == model)
+
+    assert api.generate(model="pool-e:latest").done_reason == "load"
+    assert held("pool-e")["state"] == "loaded" and "pool-e:latest" in {m.model for m in api.ps().models}
+    assert api.chat(model="pool-e", messages=[], keep_alive=-1).done_reason == "load"
+    assert held("pool-e")["pinned"]
+    reply = api.chat(model="pool-e", messages=[{"role": "user", "content": "Say hello."}], keep_alive=0,
+                     options={"num_predict": 3})
+    assert reply.eval_count == 3 and reply.done_reason == "length"
+    unloaded = held("pool-e")
+    assert (unloaded["state"], unloaded["pinned"], unloaded["replicas"]) == ("available", False, [])
+    assert "pool-e:latest" not in {m.model for m in api.ps().models}
+    assert api.generate(model="pool-e", keep_alive="0s").done_reason == "unload"
+
+
 # ---- the KV a pooled model prefilled outlives its eviction (app/kvstore: the node's disk) ----------------------
 
 PREAMBLE = "You answer questions about a library's opening hours and its rules. " * 24  # ~400 tokens
@@ -172,13 +197,13 @@ PREAMBLE = "You answer questions about a library's opening hours and its rules. 
 def test_a_model_evicted_and_loaded_again_restores_its_preamble_from_disk(client):
     def ask(question: str) -> dict:
         r = client.post("/v1/chat/completions", json={
-            "model": "pool-e", "max_tokens": 4, "temperature": 0,
+            "model": "pool-f", "max_tokens": 4, "temperature": 0,
             "messages": [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": question}]})
         assert r.status_code == 200, r.text
         return r.json()["usage"]
 
     first = ask("When does it open on Monday?")
     assert first["prompt_tokens"] > 300
-    assert admin(client, "unload", model="pool-e")["state"] == "available"  # its engine and memory gone
+    assert admin(client, "unload", model="pool-f")["state"] == "available"  # its engine and memory gone
     again = ask("May I bring a dog?")  # loaded again, wherever Serve routes it on this node
     assert again["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 20, again

@@ -37,6 +37,14 @@ ANTHROPIC_ROUTES = [
     ("/v1/messages/count_tokens", '{"model": "m", "messages": [], "temperature": %s}'),
 ]
 
+OLLAMA_ROUTES = [
+    ("/api/chat", '{"model": "m", "messages": [], "options": {"temperature": %s}}'),
+    ("/api/generate", '{"model": "m", "prompt": "x", "format": {"type": "number", "maximum": %s}}'),
+    ("/api/embed", '{"model": "m", "input": "x", "keep_alive": %s}'),
+    ("/api/embeddings", '{"model": "m", "prompt": "x", "options": {"x": [%s]}}'),
+    ("/api/show", '{"model": "m", "verbose": %s}'),
+]
+
 
 class Untouched:
     """The processing: never reached by a body the edge refuses."""
@@ -84,3 +92,12 @@ def test_a_large_finite_number_is_read_and_validated_as_usual(client):
     template = '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": %s}'
     r = post(client, "/v1/chat/completions", template, "1e308")
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+
+
+@pytest.mark.parametrize("number", BAD_NUMBERS)
+@pytest.mark.parametrize(("path", "template"), OLLAMA_ROUTES)
+def test_ollama_routes_refuse_them_in_ollamas_shape(client, path, template, number):
+    r = post(client, path, template, number)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert set(body) == {"error"} and "not finite" in body["error"], body

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.anthropic_messages.errors import anthropic_error_body
 from app.api.errors import error_body
+from app.ollama_api.errors import ollama_error_body
 from app.http.openapi import openapi_document
 from app.http.routes import ROUTES, TABLE
 from app.http.app import build_http_app
@@ -21,6 +22,11 @@ OPERATIONS = {
     ("/health", "get"): "health", ("/v1/usage", "get"): "getUsage",
     ("/admin/models", "get"): "listPooledModels", ("/admin/models/load", "post"): "loadPooledModel",
     ("/admin/models/unload", "post"): "unloadPooledModel", ("/admin/models/pin", "post"): "pinPooledModel",
+    ("/metrics", "get"): "metrics",
+    ("/api/chat", "post"): "ollamaChat", ("/api/generate", "post"): "ollamaGenerate",
+    ("/api/embed", "post"): "ollamaEmbed", ("/api/embeddings", "post"): "ollamaEmbeddings",
+    ("/api/show", "post"): "ollamaShow", ("/api/tags", "get"): "ollamaTags", ("/api/ps", "get"): "ollamaPs",
+    ("/api/version", "get"): "ollamaVersion",
 }
 
 
@@ -37,10 +43,14 @@ def test_the_openapi_document_lists_every_documented_route():
 def test_traced_and_anthropic_paths_come_from_the_table():
     assert TABLE.traced_paths == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank",
                                   "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses",
-                                  "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens"}
+                                  "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
+                                  "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}
     anthropic = {r.path for r in ROUTES if TABLE.error_shape(r.path) is anthropic_error_body}
     assert anthropic == {"/v1/messages", "/v1/messages/count_tokens"}
     assert TABLE.error_shape("/v1/unknown") is error_body
+    ollama = {r.path for r in ROUTES if TABLE.error_shape(r.path) is ollama_error_body}
+    assert ollama == {r.path for r in ROUTES if r.path.startswith("/api/")}
+    assert TABLE.error_shape("/api/unknown") is ollama_error_body  # every path under Ollama's prefix
 
 
 def test_the_app_serves_each_path_of_the_table_once_with_all_its_methods():
