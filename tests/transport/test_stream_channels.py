@@ -216,7 +216,7 @@ def test_a_connection_lost_mid_stream_fails_its_streams_instead_of_hanging():
 
 def test_the_listener_refuses_a_wrong_token_and_a_silent_peer():
     async def main():
-        receiver, sender = sc.ChannelReceiver("127.0.0.1"), sc.ChannelSender()
+        receiver = sc.ChannelReceiver("127.0.0.1")
         await receiver.start()
         inbox = receiver.inboxes[0] = sc._Inbox()
         frame = pickle.dumps([(0, 0, ["forged"])])
