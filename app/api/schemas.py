@@ -260,6 +260,11 @@ def check_cache_salt(v: str | None) -> str | None:
     return v
 
 
+# The chat template switches a request may set (`chat_template_kwargs`), with their types: Qwen3's, GLM's and
+# others' `enable_thinking`. Passed only to templates that read them (app/generation/reasoning.py).
+TEMPLATE_SWITCHES: dict[str, type] = {"enable_thinking": bool}
+
+
 def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
@@ -297,8 +302,14 @@ class ChatCompletionRequest(_SamplingChecks):
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
     include_reasoning: bool | None = True
-    # OpenAI's; handed to the chat template as `reasoning_effort` (templates that take it: gpt-oss, ...).
+    # OpenAI's; handed to the chat template as `reasoning_effort` (templates that take it: gpt-oss, ...), and the
+    # reasoning budget its model's entry gives that effort (app/generation/reasoning.py).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # llama-server's: the most tokens the reply may reason for (-1: unbounded; 0: no reasoning).
+    thinking_budget_tokens: int | None = Field(default=None, ge=-1)
+    # llama-server's (vLLM's too) switches for the chat template: only those this server knows (TEMPLATE_SWITCHES),
+    # passed where the template reads them; never free-form variables.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Prompt-cache controls, as vLLM (`cache_salt`) and llama-server (`cache_prompt`) take them.
     cache_salt: str | None = None
     cache_prompt: bool | None = None
@@ -315,6 +326,21 @@ class ChatCompletionRequest(_SamplingChecks):
                                            f"(same function definitions, wrapped as {{\"type\": \"function\", "
                                            f"\"function\": ...}}).")
         return self
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _switches(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (v or {}).items():
+            kind = TEMPLATE_SWITCHES.get(key)
+            if kind is None:
+                raise _Unsupported(f"chat_template_kwargs.{key[:64]}",
+                                   f"`chat_template_kwargs.{key[:64]}` is not passed to chat templates: this server "
+                                   f"sets only its known switches ({', '.join(TEMPLATE_SWITCHES)}), never free-form "
+                                   f"template variables.")
+            if not isinstance(value, kind):
+                raise _Unsupported(f"chat_template_kwargs.{key}", f"`chat_template_kwargs.{key}` must be a "
+                                                                   f"{kind.__name__}.")
+        return v
 
     @property
     def stop_list(self) -> list[str]:

@@ -200,6 +200,8 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         tool_continuation_rounds=cfg.tool_continuation_rounds, tool_continuation_tokens=cfg.tool_continuation_tokens,
         owned_by=cfg.owned_by, empty_reply=cfg.empty_reply, prompt_cache_mib=cfg.prompt_cache_mib,
         fair_share=cfg.fair_share, pool=cfg.pool or "", speculative=speculative_spec(cfg.speculative),
+        reasoning_budget=cfg.reasoning_budget, reasoning_budgets=tuple(cfg.reasoning_budgets.model_dump().items()),
+        reasoning_close=cfg.reasoning_close,
     )
 
 

@@ -70,6 +70,9 @@ class Finished(_Picklable):
     # (return_tokens: a reply that may be continued); empty otherwise, so the event stays small.
     token_ids: tuple[int, ...] = ()
     stop_sequence: str | None = None  # the client's stop sequence that ended it (finish_reason "stop")
+    # Generated tokens that were reasoning (its markers and a forced close included), as the engine counted them
+    # (app/engine/reasoning_budget.py); 0 where the request tracks no reasoning.
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

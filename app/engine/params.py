@@ -49,6 +49,33 @@ class ImageInput:
     digest: str  # sha256 of the encoded image, hex: names it in logs and keys its cached encoding
 
 
+@dataclass(frozen=True)
+class ReasoningLimit:
+    """How a generation's reasoning is bounded (app/engine/reasoning_budget.py): the markers that open and close
+    it (the model's reasoning parser's), whether the prompt already opened it (the template's generation prompt
+    ends inside `<think>`), the most tokens the model may reason for (None: unbounded, only counted) and the
+    message the engine writes before the closing marker when that budget is spent."""
+
+    start: str = "<think>"
+    end: str = "</think>"
+    budget: int | None = None
+    starts_open: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class InfillPrompt:
+    """A fill-in-the-middle prompt, laid out by the engine with the vocabulary's FIM tokens as llama-server's
+    /infill lays it out (app/engine/infill.py): the text before the cursor, after it, other files of the project
+    for context ((filename, text) pairs), and text the completion starts with. Client text stays text: only the
+    layout writes FIM tokens; `prompt` alone is read for control tokens, as llama-server reads it."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -93,6 +120,11 @@ class GenerationRequest:
     speculative: bool = True
     spec_n_max: int | None = None
     spec_n_min: int | None = None
+    # Where the reply's reasoning is tracked, counted (Finished.reasoning_tokens) and bounded: a model whose replies
+    # are read for reasoning. None: the reply is all answer.
+    reasoning: ReasoningLimit | None = None
+    # A fill-in-the-middle prompt, laid out from the vocabulary's FIM tokens in place of `prompt` (which is then "").
+    infill: InfillPrompt | None = None
 
     @property
     def prefix_scope(self) -> str:
