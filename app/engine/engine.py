@@ -650,7 +650,7 @@ class LlamaEngine(DecodeThread):
         self.placement.finished(slot)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
                                 completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
-                                token_ids=tuple(gen.token_ids) if reason == "length" else (),
+                                token_ids=tuple(gen.token_ids),
                                 stop_sequence=gen.stop.matched,
                                 reasoning_tokens=gen.reasoning.tokens if gen.reasoning is not None else 0))
 

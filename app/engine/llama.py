@@ -492,7 +492,11 @@ class SamplerChain:
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(llama.vocab), p.penalty_last_n,
                                                p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        if p.infill:
+            self.stateless = False  # the infill sampler reshapes the row: the greedy token cannot be tried first
         if p.temperature <= 0:
+            if p.infill:
+                add(L.llama_sampler_init_infill(llama.vocab))
             add(L.llama_sampler_init_greedy())
         else:
             if p.top_k > 0:
@@ -501,6 +505,8 @@ class SamplerChain:
                 add(L.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0.0:
                 add(L.llama_sampler_init_min_p(p.min_p, 1))
+            if p.infill:
+                add(L.llama_sampler_init_infill(llama.vocab))
             add(L.llama_sampler_init_temp(p.temperature))
             add(L.llama_sampler_init_dist(p.resolved_seed()))
 

@@ -25,6 +25,10 @@ class SamplingParams:
     # (token id, bias) pairs added to the logits before any other sampler (OpenAI's logit_bias).
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: str | None = None
+    # llama.cpp's infill sampler before the final pick (llama-server's `samplers: [..., "infill"]`): where the
+    # likeliest tokens share a prefix their chances are merged, and an end of generation is preferred when the
+    # model is unsure of any text.
+    infill: bool = False
 
     def resolved_seed(self) -> int:
         """llama.cpp takes a 32-bit seed; 0xFFFFFFFF means "random", so never pass it."""
@@ -97,8 +101,8 @@ class GenerationRequest:
     # prompt as they are, so its KV prefix is reused exactly and no generated text ever turns into a
     # control token; the samplers (the grammar) start after them.
     continue_tokens: list[int] = field(default_factory=list)
-    # A generation cut by its limit ends with a `Finished` that carries its generated token ids (a reply
-    # that may be continued from them); off, every `Finished` stays small.
+    # The generation ends with a `Finished` that carries its generated token ids (a reply that may be continued
+    # from them, /infill's `tokens`); off, every `Finished` stays small.
     return_tokens: bool = False
     # Most logprob entries this generation may make: prompt positions scored x (1 + logprobs) plus
     # generated tokens x n x (1 + logprobs), counted before it is queued. None: no bound. Planning gives

@@ -17,7 +17,7 @@ import pytest
 
 from app.config.spec import SpeculativeSpec
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
-from app.engine.events import Finished, Text
+from app.engine.events import Finished
 from app.engine.params import ReasoningLimit
 from app.engine.reasoning_budget import ReasoningTracker
 from app.prompt.chat_template import render_prompt
@@ -90,7 +90,7 @@ def thinking_prompt(spec, question: str = "How many legs does a spider have? Thi
     return render_prompt(spec.chat_template, [{"role": "user", "content": question}]) + "<think>\n"
 
 
-def generate(eng, prompt: str, budget: int | None, *, max_tokens: int = 60, starts_open: bool = True,
+def generate(eng, prompt: str, budget: int | None, *, max_tokens: int = 40, starts_open: bool = True,
              grammar: str | None = None, logprobs: int | None = None, speculative: bool = True,
              bias: list | None = None) -> tuple[EventBox, Finished]:
     box = EventBox()
@@ -113,8 +113,8 @@ def test_the_budget_closes_the_reasoning_exactly_where_it_is_spent(engine, bundl
     prompt = thinking_prompt(bundled_spec)
     close, marker = closing(engine)
     _, unbounded = generate(engine, prompt, None)
-    assert unbounded.reasoning_tokens == unbounded.completion_tokens == 60  # never closed: all of it reasoning
-    assert not any(unbounded.token_ids[i:i + len(marker)] == tuple(marker) for i in range(60))
+    assert unbounded.reasoning_tokens == unbounded.completion_tokens == 40  # never closed: all of it reasoning
+    assert not any(unbounded.token_ids[i:i + len(marker)] == tuple(marker) for i in range(40))
 
     box, fin = generate(engine, prompt, 16)
     ids = list(fin.token_ids)
@@ -123,7 +123,7 @@ def test_the_budget_closes_the_reasoning_exactly_where_it_is_spent(engine, bundl
     assert fin.reasoning_tokens == 16 + len(close)  # exact: counted where the tokens were taken
     answer = box.text.split("</think>", 1)[1]
     assert answer.strip()  # the answer follows, generated after the close in the KV
-    assert fin.finish_reason == "length" and fin.completion_tokens == 60
+    assert fin.finish_reason == "length" and fin.completion_tokens == 40
 
     box0, fin0 = generate(engine, prompt, 0)
     assert list(fin0.token_ids[:len(marker)]) == marker  # no thought, no message: the marker alone
@@ -135,7 +135,7 @@ def test_forced_tokens_have_logprobs_and_respect_max_tokens(engine, bundled_spec
     prompt = thinking_prompt(bundled_spec)
     close, _ = closing(engine)
     box, fin = generate(engine, prompt, 4, logprobs=1)
-    assert len(box.logprobs) == fin.completion_tokens == 60
+    assert len(box.logprobs) == fin.completion_tokens == 40
     assert [lp.token for lp in box.logprobs[4:4 + len(close)]] == [engine.llama.piece(t) for t in close]
     assert all(lp.logprob is not None and lp.logprob <= 0 for lp in box.logprobs)
     # A limit inside the close: the reply ends there, cut as any reply is, the close's tokens counted.
