@@ -131,6 +131,16 @@ class GenerationRequest:
     infill: InfillPrompt | None = None
 
     @property
+    def routed_text(self) -> str:
+        """The text a router matches this prompt's prefixes by: the rendered prompt, or a fill-in-the-middle
+        prompt's parts in the order its layout puts them (the other files first: an editor sends the same ones
+        again as the text around its cursor changes, app/engine/infill.py)."""
+        infill = self.infill
+        if infill is None:
+            return self.prompt
+        return "".join(f"{name}\n{text}" for name, text in infill.extra) + "\x1e" + infill.prefix + infill.prompt
+
+    @property
     def prefix_scope(self) -> str:
         """The scope a router matches this prompt's prefixes in: its cache scope, and its adapters (KV computed
         under one adapter set is never reused under another, app/engine/lora.py), by name and non-zero scale."""

@@ -72,8 +72,10 @@ def opens_reasoning(prompt: str, start: str = START, end: str = END) -> bool:
 
 
 def reasoning_limit(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, prompt: str) -> ReasoningLimit | None:
-    """What the engine follows and bounds of the reply's reasoning (None: a model whose replies hold none)."""
+    """What the engine follows and bounds of the reply's reasoning (None: a model whose replies hold none; its
+    request's budget fields are still checked, so a budget out of range is refused whatever the model)."""
+    budget = requested_budget(req, spec)
     if fmt.reasoning != "think":
         return None
-    return ReasoningLimit(start=START, end=END, budget=requested_budget(req, spec),
-                          starts_open=opens_reasoning(prompt), message=spec.reasoning_close)
+    return ReasoningLimit(start=START, end=END, budget=budget, starts_open=opens_reasoning(prompt),
+                          message=spec.reasoning_close)
