@@ -13,7 +13,7 @@ The model was never trained on that layout: it proves the FIM prompt is built fr
 reaches llama.cpp as llama-server builds it (the same GGUF serves both in the oracle test), not that a 135M chat
 model completes code well.
 
-    python tools/fim_gguf.py [--out FILE]     (default: the test-model cache)
+    python -m tools.fim_gguf [--out FILE]     (default: the test-model cache)
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def cached_gguf() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python tools/fim_gguf.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.fim_gguf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None, help="write the GGUF here (default: the test-model cache)")
     ns = p.parse_args(argv)
