@@ -18,7 +18,7 @@ from app.engine.admission import WAITING_PER_SLOT
 from app.engine.embedder import embed
 from app.engine.events import Event, Started
 from app.engine.factory import start_engine
-from app.engine.jobs import CountPromptJob, DetokenizeJob, StatsJob, TokenizeJob
+from app.engine.jobs import CountPromptJob, DetokenizeJob, InfillTokensJob, StatsJob, TokenizeJob
 from app.engine.params import EmbeddingJob, EmbeddingResult, Job, RerankJob, RerankResult
 from app.engine.protocol import Engine
 from app.engine.selfcheck import EngineUnavailable
@@ -158,6 +158,12 @@ class EngineHost:
             raise wrong_kind(self.spec.id, self.spec.kind, "chat prompts")
         return await PREPARATION.run("", engine.count_prompt, job.prompt, job.images)
 
+    async def _infill_tokens(self, job: InfillTokensJob, bounded: bool) -> list[int]:
+        engine = self._ready_engine()
+        if self.spec.kind != "chat":
+            raise wrong_kind(self.spec.id, self.spec.kind, "fill-in-the-middle prompts")
+        return await PREPARATION.run("", engine.infill_tokens, job.infill, job.max_tokens)
+
     async def _detokenize(self, job: DetokenizeJob, bounded: bool) -> str:
         return await PREPARATION.run("", self._ready_engine().detokenize, job.tokens)
 
@@ -209,6 +215,7 @@ JOB_HANDLERS: dict[type, Callable[[EngineHost, Any, bool], Awaitable[Any]]] = {
     TokenizeJob: EngineHost._tokenize,
     DetokenizeJob: EngineHost._detokenize,
     CountPromptJob: EngineHost._count_prompt,
+    InfillTokensJob: EngineHost._infill_tokens,
     StatsJob: EngineHost._stats,
 }
 

@@ -45,7 +45,7 @@ def prompt_of(pending_request: PendingRequest | None) -> tuple[str, str] | None:
     adapters: prefixes are matched within a scope only); None for every other method (`run` with its job,
     replica_info), which go by load."""
     gen = argument_of(pending_request, GenerationRequest)
-    return None if gen is None else (gen.prompt, gen.prefix_scope)
+    return None if gen is None else (gen.routed_text, gen.prefix_scope)
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):

@@ -10,7 +10,8 @@ from ..generation.adapters import served_target
 from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import ChatCompletionRequest
 from ..generation.images import check_images, load_images
-from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
+from ..generation.plan import (chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits,
+                               template_variables, tool_plan)
 from ..config.app_args import Limits
 from ..config.spec import ModelSpec
 from ..tokenize.service import ModelTokens, prompt_count
@@ -28,7 +29,8 @@ def prompt_text(req: CountTokensRequest, spec: ModelSpec, fmt: ReplyFormat,
     check_images(mapped.chat, spec, limits)
     check_model_limits(mapped.chat, spec, images=True)
     check_grammar_inputs(mapped.chat, limits)
-    text = chat_prompt(spec, tool_plan(mapped.chat, fmt, grammar_limits(limits)), True, mapped.template_kwargs)
+    text = chat_prompt(spec, tool_plan(mapped.chat, fmt, grammar_limits(limits)), True,
+                       template_variables(mapped.chat, spec))
     return text, mapped.chat
 
 

@@ -29,11 +29,10 @@ ERROR_PREFIX = "Error: "
 @dataclass(frozen=True)
 class MappedRequest:
     chat: ChatCompletionRequest
-    template_kwargs: dict[str, Any] | None  # variables for the chat template (None: none)
 
 
 def to_chat_request(req: MessagesRequest | CountTokensRequest) -> MappedRequest:
-    """The chat request a Messages request (or a token count) means."""
+    """The chat request a Messages request (or a token count) means: its `thinking` as chat's reasoning fields."""
     body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
     if req.tools:
         body["tools"] = [{"type": "function", "function": {
@@ -44,13 +43,14 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> MappedRequest:
     if req.output_config is not None and req.output_config.format is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": req.output_config.format.schema_}}
+    body.update(_thinking(req))
     if isinstance(req, MessagesRequest):
         body.update(_generation(req))
     try:
         chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:  # what Anthropic's shape allows and chat's does not (rare: limits)
         raise invalid_request(chat_validation_error(exc).message) from None
-    return MappedRequest(chat, _template_kwargs(req))
+    return MappedRequest(chat)
 
 
 def _generation(req: MessagesRequest) -> dict[str, Any]:
@@ -66,16 +66,19 @@ def _generation(req: MessagesRequest) -> dict[str, Any]:
     return out
 
 
-def _template_kwargs(req: _Conversation) -> dict[str, Any] | None:
-    """`thinking` as the templates that can switch reasoning read it (Qwen3's `enable_thinking`; a
-    template that never reads it renders the same prompt). Its budget is not enforced, nor checked against
+def _thinking(req: _Conversation) -> dict[str, Any]:
+    """`thinking` as chat's reasoning fields (app/generation/reasoning.py): the `enable_thinking` switch (for
+    templates that read it), and `enabled`'s `budget_tokens` as the reasoning budget the engine holds the reply
+    to; `disabled` is no reasoning, `adaptive` the model's own budget. The budget is not checked against
     `max_tokens` (a model whose context is smaller than Anthropic's least budget could not think at all):
     `max_tokens` bounds the whole reply, thinking included."""
-    if isinstance(req.thinking, (ThinkingEnabled, ThinkingAdaptive)):
-        return {"enable_thinking": True}
+    if isinstance(req.thinking, ThinkingEnabled):
+        return {"chat_template_kwargs": {"enable_thinking": True}, "thinking_budget_tokens": req.thinking.budget_tokens}
+    if isinstance(req.thinking, ThinkingAdaptive):
+        return {"chat_template_kwargs": {"enable_thinking": True}}
     if isinstance(req.thinking, ThinkingDisabled):
-        return {"enable_thinking": False}
-    return None
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    return {}
 
 
 def _tool_choice(req: _Conversation) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..api.errors import APIError
 from ..config.app_args import Limits
 from ..config.spec import ModelSpec
 from ..engine.events import Event
@@ -81,7 +82,13 @@ class MessagesService:
     def make_plan(self, req: MessagesRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
         """The request mapped to its chat request and planned for `spec` (in a thread: pure CPU work)."""
         mapped = to_chat_request(req)
-        return self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
+        try:
+            return self.core.plan_chat(mapped.chat, spec, scope)
+        except APIError as exc:
+            if exc.param == "thinking_budget_tokens":  # chat's name for what this request calls thinking.budget_tokens
+                exc.message = exc.message.replace("`thinking_budget_tokens`", "`thinking.budget_tokens`")
+                exc.param = "thinking.budget_tokens"
+            raise
 
     async def plan(self, req: MessagesRequest, caller: Caller = ANONYMOUS) -> GenerationPlan:
         return await self.core.plan(req, self.target(req, caller), self.core.scope(caller, req.cache_salt), self.make_plan,

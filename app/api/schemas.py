@@ -260,6 +260,11 @@ def check_cache_salt(v: str | None) -> str | None:
     return v
 
 
+# The chat template switches a request may set (`chat_template_kwargs`), with their types: Qwen3's, GLM's and
+# others' `enable_thinking`. Passed only to templates that read them (app/generation/reasoning.py).
+TEMPLATE_SWITCHES: dict[str, type] = {"enable_thinking": bool}
+
+
 def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
@@ -297,8 +302,14 @@ class ChatCompletionRequest(_SamplingChecks):
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     grammar: str | None = None
     include_reasoning: bool | None = True
-    # OpenAI's; handed to the chat template as `reasoning_effort` (templates that take it: gpt-oss, ...).
+    # OpenAI's; handed to the chat template as `reasoning_effort` (templates that take it: gpt-oss, ...), and the
+    # reasoning budget its model's entry gives that effort (app/generation/reasoning.py).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # llama-server's: the most tokens the reply may reason for (-1: unbounded; 0: no reasoning).
+    thinking_budget_tokens: int | None = Field(default=None, ge=-1)
+    # llama-server's (vLLM's too) switches for the chat template: only those this server knows (TEMPLATE_SWITCHES),
+    # passed where the template reads them; never free-form variables.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Prompt-cache controls, as vLLM (`cache_salt`) and llama-server (`cache_prompt`) take them.
     cache_salt: str | None = None
     cache_prompt: bool | None = None
@@ -315,6 +326,21 @@ class ChatCompletionRequest(_SamplingChecks):
                                            f"(same function definitions, wrapped as {{\"type\": \"function\", "
                                            f"\"function\": ...}}).")
         return self
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _switches(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (v or {}).items():
+            kind = TEMPLATE_SWITCHES.get(key)
+            if kind is None:
+                raise _Unsupported(f"chat_template_kwargs.{key[:64]}",
+                                   f"`chat_template_kwargs.{key[:64]}` is not passed to chat templates: this server "
+                                   f"sets only its known switches ({', '.join(TEMPLATE_SWITCHES)}), never free-form "
+                                   f"template variables.")
+            if not isinstance(value, kind):
+                raise _Unsupported(f"chat_template_kwargs.{key}", f"`chat_template_kwargs.{key}` must be a "
+                                                                   f"{kind.__name__}.")
+        return v
 
     @property
     def stop_list(self) -> list[str]:
@@ -466,9 +492,9 @@ class CompletionRequest(_SamplingChecks):
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
-        if self.suffix:
-            raise _Unsupported("suffix", "`suffix` (insertion after the completion) is not supported: this server "
-                                         "only appends to the prompt.")
+        if self.suffix and self.echo:
+            raise _Unsupported("echo", "`echo` is not supported with `suffix`: an insertion's prompt is laid out "
+                                       "around the completion, not before it.")
         n = self.n or 1
         if self.best_of is not None and self.best_of < n:
             raise ValueError("`best_of` must be greater than or equal to `n`")
@@ -493,12 +519,24 @@ class CompletionRequest(_SamplingChecks):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class InfillChunk(_Model):
+    """One file of a fill-in-the-middle request's `input_extra` (/infill, /tokenize): its text, and its name
+    (written before it in the prompt; llama-server's default when left out)."""
+
+    text: str
+    filename: str = "tmp"
+
+
 class TokenizeRequest(_Model):
     """`POST /tokenize` (vLLM's shape): a prompt as it is, or messages rendered by the model's chat template
-    exactly as the chat route renders them."""
+    exactly as the chat route renders them, or a fill-in-the-middle prompt laid out as /infill lays it out
+    (`input_prefix`, `input_suffix`, `input_extra`, and `prompt` as what the completion starts with)."""
 
     model: str = Field(min_length=1)
     prompt: str | None = None
+    input_prefix: str | None = None
+    input_suffix: str | None = None
+    input_extra: list[InfillChunk] | None = None
     messages: list[Message] | None = Field(default=None, min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -509,11 +547,24 @@ class TokenizeRequest(_Model):
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
+        if self.infill:
+            if self.input_prefix is None or self.input_suffix is None:
+                raise ValueError("a fill-in-the-middle prompt takes both `input_prefix` and `input_suffix`")
+            if self.messages is not None:
+                raise ValueError("give `messages` or a fill-in-the-middle prompt (`input_prefix`, `input_suffix`)")
+            return self
+        if self.input_extra is not None:
+            raise ValueError("`input_extra` goes with `input_prefix` and `input_suffix`")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give either `prompt` or `messages`")
         if self.prompt is not None and (self.tools is not None or self.tool_choice is not None):
             raise ValueError("`tools` and `tool_choice` go with `messages`, not `prompt`")
         return self
+
+    @property
+    def infill(self) -> bool:
+        """A fill-in-the-middle prompt's tokens are asked for."""
+        return self.input_prefix is not None or self.input_suffix is not None
 
     def chat_request(self) -> ChatCompletionRequest:
         """The chat request whose prompt this is (already validated: only the fields that shape the prompt)."""

@@ -23,7 +23,7 @@ from ..config.app_args import Limits
 from ..config.spec import ModelSpec
 from ..engine.events import Event, Finished, PromptLogprobs, Started, Text
 from ..engine.admission import WAITING_PER_SLOT
-from ..engine.params import GenerationRequest
+from ..engine.params import GenerationRequest, InfillPrompt
 from ..api.errors import APIError, invalid_request
 from ..api.schemas import CompletionRequest
 from ..observe.request_records import RequestObserver, RequestRecord
@@ -44,7 +44,8 @@ class CompletionPlan:
 
 def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, scope: str = "") -> CompletionPlan:
     """The request's generations: its prompts as they are (no template; the client writes the whole
-    input, so control-token text in it is parsed as llama-server and vLLM do), shared sampling."""
+    input, so control-token text in it is parsed as llama-server and vLLM do), shared sampling; with a `suffix`,
+    each prompt and the suffix around the completion (fill in the middle)."""
     check_completion_limit(req.max_tokens, "max_tokens", spec)
     if len(req.prompts) > WAITING_PER_SLOT * spec.n_seq_max:
         # More generations than the model's queue holds: however idle the server, they could not all wait.
@@ -58,7 +59,10 @@ def plan_completion(req: CompletionRequest, spec: ModelSpec, limits: Limits, sco
     request_id, n = uuid.uuid4().hex, req.n or 1
     score_prompt = bool(req.echo) and req.logprobs is not None
     share = limits.max_logprob_entries // max(1, len(req.prompts))  # each prompt's part of the request's logprobs
-    gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt=content_marks.clean(prompt),
+    # With a `suffix`, each prompt is the text before an insertion: a fill-in-the-middle prompt the model's
+    # replica lays out from its FIM tokens, as /infill's (app/engine/infill.py), neither read for control tokens.
+    gens = [GenerationRequest(request_id=f"{request_id}-{p}", prompt="" if req.suffix else content_marks.clean(prompt),
+                              infill=InfillPrompt(prefix=prompt, suffix=req.suffix) if req.suffix else None,
                               max_tokens=completion_limit(req.max_tokens, spec), stop=req.stop_list, sampling=replace(sampling), n=n,
                               logprobs=req.logprobs, prompt_logprobs=score_prompt, cache_scope=scope,
                               cache_prompt=req.cache_prompt is not False, max_logprob_entries=share,

@@ -25,6 +25,8 @@ class Limits(BaseModel):
     max_schema_depth: int = Field(32, ge=1, le=256, description="deepest nesting of a JSON schema")
     max_tools: int = Field(128, ge=1, description="most `tools` in one request")
     max_tools_bytes: int = Field(256 * 1024, ge=1024, description="largest `tools` array, as JSON")
+    # An editor's ring of recently seen chunks (llama.vim keeps 16 to 64); their bytes are the body's.
+    max_infill_extra: int = Field(256, ge=0, description="most `input_extra` files in one /infill request")
     grammar_timeout_s: float = Field(5.0, gt=0, description="time budget to render the prompt and build its grammar")
     # An entry is one token or one of its alternatives: about 130 bytes as Python objects, 20 pickled
     # (each Ray hop) and 70 as JSON, so 65536 bound one request's logprobs to ~9 MB in memory and ~5 MB

@@ -218,6 +218,8 @@ def resolve_model_fields(cfg: ModelConfig) -> dict[str, Any]:
         cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v,
         kv_disk_dir=(cfg.kv_cache.disk_dir if cfg.kv_cache.disk else ""), kv_disk_mib=cfg.kv_cache.disk_mib,
         kv_store=cfg.kv_cache.store or "", kv_min_tokens=cfg.kv_cache.min_tokens,
+        reasoning_budget=cfg.reasoning_budget, reasoning_budgets=tuple(cfg.reasoning_budgets.model_dump().items()),
+        reasoning_close=cfg.reasoning_close,
     )
 
 

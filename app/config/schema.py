@@ -135,6 +135,27 @@ class KVCacheConfig(BaseModel):
         return v
 
 
+# What the engine writes before a reasoning's end marker when its budget is spent (Qwen's own words for its
+# thinking budget): a bare cut leaves the model mid-thought, a conclusion lets it answer from what it thought.
+DEFAULT_REASONING_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution based on the "
+                           "thinking directly now.\n")
+MAX_REASONING_CLOSE_CHARS = 1000
+
+
+class ReasoningBudgets(BaseModel):
+    """The reasoning budget each effort a request names stands for (OpenAI's `reasoning_effort`, the Responses
+    API's `reasoning.effort`): tokens the model may reason for before the engine closes its reasoning; null:
+    unbounded. `none` is always 0 (no reasoning)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    minimal: int | None = Field(128, ge=0)
+    low: int | None = Field(1024, ge=0)
+    medium: int | None = Field(4096, ge=0)
+    high: int | None = Field(16384, ge=0)
+    xhigh: int | None = Field(None, ge=0)
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -184,6 +205,14 @@ class ModelConfig(BaseModel):
     chat_template: str | None = Field(None, description="Jinja chat template overriding the GGUF's")
     reasoning_parser: str = "auto"
     tool_parser: str = "auto"
+    reasoning_budget: int | None = Field(None, ge=0, description="tokens a reply may reason for when its request "
+                                         "names no budget nor effort (0: no reasoning; none: unbounded); a "
+                                         "reasoning model's (`reasoning_parser` think) only")
+    reasoning_budgets: ReasoningBudgets = Field(default_factory=ReasoningBudgets, description="the budget each "
+                                                "`reasoning_effort` stands for (minimal, low, medium, high, xhigh)")
+    reasoning_close: str = Field(DEFAULT_REASONING_CLOSE, max_length=MAX_REASONING_CLOSE_CHARS,
+                                 description="what the engine writes before the end-of-reasoning marker when a "
+                                             "reply's reasoning budget is spent")
     default_max_tokens: int | None = Field(None, ge=1, description="completion limit when a request sets none")
     max_tokens_limit: int | None = Field(None, ge=1, description="largest max_tokens a request may ask for (default: n_ctx)")
     stream_interval_ms: float = Field(25.0, ge=0, le=1000, description="coalescing window for streamed pieces")
@@ -252,6 +281,14 @@ class ModelConfig(BaseModel):
             raise ValueError(f"adapter {twice[0]!r} is configured twice on model {self.id!r}")
         return self
 
+    @field_validator("reasoning_close")
+    @classmethod
+    def _close(cls, v: str) -> str:
+        if "<think>" in v or "</think>" in v:
+            raise ValueError("the closing message is written before the end marker: it must not hold `<think>` or "
+                             "`</think>` itself")
+        return v
+
     @field_validator("model_path", "mmproj_path")
     @classmethod
     def _source(cls, v: str | None) -> str | None:
@@ -286,7 +323,7 @@ class ModelConfig(BaseModel):
 CHAT_ONLY_KEYS = ("chat_template", "reasoning_parser", "tool_parser", "default_max_tokens", "max_tokens_limit",
                   "stream_interval_ms", "tool_continuation_rounds", "tool_continuation_tokens", "empty_reply",
                   "prompt_cache_mib", "kv_cache", "routing", "synthetic", "mmproj_path", "adapters", "fair_share",
-                  "speculative")
+                  "speculative", "reasoning_budget", "reasoning_budgets", "reasoning_close")
 EMBEDDING_ONLY_KEYS = ("pooling", "normalize", "dimensions")
 RERANK_REFUSED_KEYS = ("normalize", "dimensions")  # a reranker's output is a score, not a vector
 

@@ -14,6 +14,11 @@ import os
 import re
 from dataclasses import dataclass, replace
 
+from .schema import DEFAULT_REASONING_CLOSE, ReasoningBudgets
+
+DEFAULT_REASONING_BUDGETS = tuple(ReasoningBudgets().model_dump().items())
+
+
 @dataclass(frozen=True)
 class AdapterSpec:
     """A LoRA adapter of a model, resolved: a local `path`, or a remote `source` (pinned) that each replica
@@ -110,6 +115,11 @@ class ModelSpec:
     dimensions: tuple[int, ...] = ()
     n_embd: int = 0
     adapters: tuple[AdapterSpec, ...] = ()  # LoRA adapters every replica loads at start (ModelConfig.adapters)
+    # ModelConfig.reasoning_*: the budget when a request names none (None: unbounded), each effort's budget as
+    # (effort, budget) pairs, and the message written before the end marker when a budget is spent.
+    reasoning_budget: int | None = None
+    reasoning_budgets: tuple[tuple[str, int | None], ...] = DEFAULT_REASONING_BUDGETS
+    reasoning_close: str = DEFAULT_REASONING_CLOSE
 
     def adapter(self, name: str) -> AdapterSpec | None:
         return next((a for a in self.adapters if a.name == name), None)

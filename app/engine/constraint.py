@@ -105,6 +105,14 @@ class Constraint:
         self.fresh = False
         return guarded(self.matcher.consume_tokens, tokens)
 
+    def accepts(self, tokens: Sequence[int]) -> bool:
+        """Whether the grammar allows all of `tokens` next (its state unchanged)."""
+        tokens = list(tokens)
+        if not tokens:
+            return True
+        self._consume_pending()
+        return guarded(self.matcher.validate_tokens, tokens) == len(tokens)
+
     def fill(self) -> None:
         """The mask for the matcher's present state, the token taken last consumed first (a token the
         matcher refuses leaves it in error: its next `restrict` says no token is allowed)."""
@@ -145,7 +153,9 @@ class Constraint:
 
     def take(self, token: int) -> None:
         """`token` was sampled (from this mask, so the grammar allows it): the matcher consumes it with the
-        next fill, on the mask worker's thread when the step has one."""
+        next fill, on the mask worker's thread when the step has one. Tokens taken in a row without a fill between
+        (a forced reasoning close) are consumed in their order."""
+        self._consume_pending()
         self.pending = token
         self.fresh = False
 

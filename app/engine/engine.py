@@ -16,7 +16,9 @@ wait, the next slot goes to the one holding the fewest slots for its weight (adm
 adapters apply to the whole context, so a step decodes the sequences of one adapter set (adapter_turns.py).
 Speculative decoding (speculation.py), where the model has it on: a generating sequence puts its last token and
 the drafts proposed for it into the same batch, with logits at every row, and the request's own sampler verifies
-them.
+them. A reasoning budget (reasoning_budget.py), when spent, has the sequence take the tokens that close the
+reasoning instead of sampling them: they go into the next batch after its last token, as accepted drafts would, and
+each is taken at its row through the sampler's state, the grammar in force and the stop matching.
 
 The engine knows nothing of asyncio: a step's events go out in one call of `publish` (stream.py's publisher
 hands them to each event loop in one wake-up).
@@ -48,8 +50,9 @@ from .kv_tiers import open_tiers
 from .llama import Batch, EmbdBatch, LlamaModelContext, NoValidToken, SamplerChain, decode, decode_embd, logprobs_at
 from . import lora
 from .lora import LoraAdapter
-from .params import GenerationRequest, ImageInput
+from .params import GenerationRequest, ImageInput, InfillPrompt
 from .prompt_cache import PromptCache
+from .reasoning_budget import ReasoningTracker, token_texts
 from .slots import Generation, Sink, Slot, SlotState
 from .speculation import Speculation
 from .stop import StopMatcher
@@ -160,7 +163,8 @@ class LlamaEngine(DecodeThread):
             g.drafter = self.speculation.sequence() if g.draft is not None else None
         try:
             for g in (first, *first.choices):
-                g.sampler = self._sampler_for(req, g.index)
+                g.reasoning, answer_at = self._reasoning_for(req)
+                g.sampler = self._sampler_for(req, g.index, answer_at)
         except BaseException as exc:
             first.free()
             if not isinstance(exc, Exception):
@@ -184,6 +188,11 @@ class LlamaEngine(DecodeThread):
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as `prepare` counts a prompt (content marks honoured). Any thread."""
         return self.intake.tokenize(text, add_special)
+
+    def infill_tokens(self, infill: InfillPrompt, limit: int | None) -> list[int]:
+        """A fill-in-the-middle prompt's tokens as a generation of at most `limit` tokens lays it out (bad input
+        naming the model where its vocabulary has no FIM tokens). Any thread."""
+        return self.intake.infill(infill, limit)
 
     def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
         """A rendered prompt's tokens as `prepare` counts them, its images' positions included. Any thread."""
@@ -364,11 +373,25 @@ class LlamaEngine(DecodeThread):
                 self._out(g, Started(prompt_tokens=len(g.prompt), cached_tokens=reused, index=g.index,
                                      queued_s=time.monotonic() - gen.queued_at, cached_from=source))
 
-    def _sampler_for(self, req: GenerationRequest, index: int = 0) -> SamplerChain:
+    def _reasoning_for(self, req: GenerationRequest) -> tuple[ReasoningTracker | None, int | None]:
+        """A choice's reasoning tracker (None: the request tracks no reasoning), gone on past a continued reply's
+        tokens; and where in those tokens the answer, and its grammar, starts (None: still in reasoning)."""
+        limit = req.reasoning
+        if limit is None:
+            return None, 0
+        close, marker = self.intake.closing(limit.message, limit.end)
+        tracker = ReasoningTracker(limit, list(close), list(marker))
+        answer_at = tracker.replay(token_texts(req.continue_tokens, self.llama.piece))
+        return tracker, answer_at
+
+    def _sampler_for(self, req: GenerationRequest, index: int = 0, answer_at: int | None = 0) -> SamplerChain:
+        """A choice's sampler chain. `answer_at`: where in a continued reply's tokens its answer starts (None: not
+        yet): a reply that starts inside its reasoning has its grammar deferred to the answer."""
         params = replace(req.sampling, seed=req.choice_seed(index)) if index else req.sampling
         sampler = SamplerChain(self.llama, params, self.grammar_tokenizer() if params.grammar else None,
                                keep_logits=req.logprobs is not None)
-        if sampler.advance(req.continue_tokens):
+        sampler.deferred = sampler.constraint is not None and req.reasoning is not None and req.reasoning.starts_open
+        if sampler.advance(req.continue_tokens, answer_at if sampler.deferred else 0):
             return sampler
         # A continued reply whose tokens do not fit the grammar: continue unconstrained.
         sampler.free()
@@ -392,9 +415,10 @@ class LlamaEngine(DecodeThread):
         if self._batch.n == 0:
             return
         # The grammars' masks for this step's samples, computed while the batch decodes.
-        masks = self._masks.start([slot.gen.sampler.constraint for slot, _ in planned
+        masks = self._masks.start([slot.gen.sampler.active_constraint for slot, _ in planned
                                    if slot.gen.logits_at >= 0 and slot.gen.sampler is not None
-                                   and slot.gen.sampler.constraint is not None]) if self.masks_beside_decode else None
+                                   and slot.gen.sampler.active_constraint is not None]) \
+            if self.masks_beside_decode else None
         rc = decode(self.llama, self._batch)
         self._masks.wait(masks)
         self.steps += 1
@@ -454,6 +478,15 @@ class LlamaEngine(DecodeThread):
         planned: list[tuple[Slot, list[int]]] = []
         generating = [s for s in self.slots if s.state is SlotState.GENERATING and self.adapters.in_turn(s)]
         room = batch.capacity - len(generating)  # rows left once each generating sequence has its token
+        # Tokens a sequence takes without sampling (a reasoning's close) come first, within the batch, its context
+        # and its max_tokens (what does not fit goes in later steps, one a step at least). Not where the KV cannot
+        # be cut back past tokens a stop among them leaves unused (recurrent models): there one a step.
+        for slot in generating:
+            gen = slot.gen
+            gen.forcing = max(0, min(len(gen.forced), room, self.n_ctx - gen.n_past - 2,
+                                     gen.max_tokens - gen.generated - 1)) \
+                if gen.forced and self.llama.can_cut_back else 0
+            room -= gen.forcing
         # Drafting is for sequences in their turn that generate: a prefilling prompt (its images, its scored
         # positions, an n > 1 request's choices not yet forked) decodes as it always does.
         speculation = self.speculation
@@ -462,7 +495,7 @@ class LlamaEngine(DecodeThread):
         for slot in generating:
             gen = slot.gen
             gen.drafts = chosen.get(slot.index, [])
-            tokens = [gen.last_token, *gen.drafts]
+            tokens = [gen.last_token, *gen.forced[:gen.forcing], *gen.drafts]
             planned.append((slot, tokens))
             self._put(slot, tokens, logits=True)
         for slot in self.slots:
@@ -479,7 +512,9 @@ class LlamaEngine(DecodeThread):
         (`logits_at` is then its first row)."""
         gen = slot.gen
         every = gen.req.prompt_logprobs and slot.state is SlotState.PREFILLING
-        verify = bool(gen.drafts) and slot.state is SlotState.GENERATING
+        # Drafts are verified at every row; forced tokens are taken at theirs, scored there when logprobs are asked.
+        verify = slot.state is SlotState.GENERATING and (bool(gen.drafts) or (gen.forcing > 0 and
+                                                                              gen.req.logprobs is not None))
         for k, token in enumerate(tokens):
             idx = self._batch.add(token, gen.n_past + k, slot.index,
                                   every or verify or (logits and k == len(tokens) - 1))
@@ -506,6 +541,9 @@ class LlamaEngine(DecodeThread):
 
     def _advance(self, slot: Slot, tokens: list[int]) -> None:
         gen = slot.gen
+        if gen.forcing:
+            self._take_forced(slot, tokens)
+            return
         if gen.drafts:
             self.speculation.verify(slot, tokens, self._sample_or_fail)
             return
@@ -526,6 +564,24 @@ class LlamaEngine(DecodeThread):
         self._sample_or_fail(slot)
         if gen.draft is not None and slot.gen is gen:
             gen.draft.generated(gen.last_token)
+
+    def _take_forced(self, slot: Slot, tokens: list[int]) -> None:
+        """A generating sequence decoded with forced tokens after its last one (`tokens`: [last, forced...]): each
+        forced token is taken at the row before it (scored from that row's logits when logprobs are asked), then
+        the last row is sampled, as verified drafts would be. A limit or a stop reached among them ends the
+        generation there, and the KV past what it kept is cut."""
+        gen = slot.gen
+        k, gen.forcing = gen.forcing, 0
+        first = gen.logits_at if gen.req.logprobs is not None else gen.logits_at - k
+        slot.advanced(tokens[:1])
+        for j in range(k + 1):
+            gen.logits_at = first + j
+            self._sample_or_fail(slot)
+            if slot.gen is not gen or j == k:
+                break
+            slot.advanced([tokens[j + 1]])
+        if slot.gen is not gen:
+            self.llama.seq_rm(slot.index, len(slot.tokens), -1)
 
     def _take_choices(self, gen: Generation) -> list[Generation]:
         choices, gen.choices = gen.choices, []
@@ -568,7 +624,20 @@ class LlamaEngine(DecodeThread):
 
     def _sample(self, slot: Slot) -> None:
         gen = slot.gen
-        token = gen.sampler.sample(gen.logits_at)
+        reasoning = gen.reasoning
+        if reasoning is not None and not gen.forced and reasoning.due():
+            gen.forced = reasoning.closing_tokens()
+            if not gen.sampler.accepts(gen.forced):
+                # A grammar of the request's own writes this reasoning and refuses its close: the budget ends the
+                # reply, as max_tokens would.
+                gen.forced = []
+                self._finish(slot, "length")
+                return
+        if gen.forced:
+            token = gen.forced.pop(0)
+            gen.sampler.take(token)
+        else:
+            token = gen.sampler.sample(gen.logits_at)
         gen.generated += 1
         if self.llama.is_eog(token):
             self._finish(slot, "stop")
@@ -579,7 +648,10 @@ class LlamaEngine(DecodeThread):
             gen.token_ids.append(token)
         if gen.req.logprobs is not None:
             gen.pending_logprobs.append(self._logprob(gen.logits_at, token, gen.req.logprobs))
-        out, matched = gen.stop.feed(gen.decoder.decode(self.llama.piece(token)))
+        text = gen.decoder.decode(self.llama.piece(token))
+        if reasoning is not None and reasoning.took(text) and gen.sampler.deferred:
+            gen.sampler.resume()  # the answer starts: its grammar applies from the next token
+        out, matched = gen.stop.feed(text)
         if out:
             self._text(gen, out)
         if matched:
@@ -599,8 +671,9 @@ class LlamaEngine(DecodeThread):
         self.placement.finished(slot)
         self._out(gen, Finished(finish_reason=reason, prompt_tokens=len(gen.prompt),
                                 completion_tokens=gen.generated, cached_tokens=gen.cached, index=gen.index,
-                                token_ids=tuple(gen.token_ids) if reason == "length" else (),
-                                stop_sequence=gen.stop.matched))
+                                token_ids=tuple(gen.token_ids),
+                                stop_sequence=gen.stop.matched,
+                                reasoning_tokens=gen.reasoning.tokens if gen.reasoning is not None else 0))
 
     def _text(self, gen: Generation, text: str) -> None:
         """Released text, with the tokens (and their logprobs) held back until now."""

@@ -67,10 +67,13 @@ class Finished(_Picklable):
     completion_tokens: int
     cached_tokens: int
     index: int = 0
-    # The generated ids of a generation cut by its limit ("length"), only when the request asked
-    # (return_tokens: a reply that may be continued); empty otherwise, so the event stays small.
+    # The generated ids, only when the request asked (return_tokens: a reply that may be continued, /infill's
+    # `tokens`); empty otherwise, so the event stays small.
     token_ids: tuple[int, ...] = ()
     stop_sequence: str | None = None  # the client's stop sequence that ended it (finish_reason "stop")
+    # Generated tokens that were reasoning (its markers and a forced close included), as the engine counted them
+    # (app/engine/reasoning_budget.py); 0 where the request tracks no reasoning.
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

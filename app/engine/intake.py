@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from . import prompt_marks
 from .errors import ContextExceeded, bad_input, internal
-from .params import IMAGE_MARKER, GenerationRequest, ImageInput
+from .infill import infill_tokens
+from .params import IMAGE_MARKER, GenerationRequest, ImageInput, InfillPrompt
 from .vision import ImageSpan, image_prompt, release_all
 
 log = logging.getLogger("llamaray.engine")
@@ -39,6 +41,7 @@ class Intake:
         self.projector = projector
         self.slots = slots
         self.n_ctx = spec.n_ctx
+        self.closing = lru_cache(maxsize=16)(self._closing)
 
     def admit(self, req: GenerationRequest) -> Admitted:
         """The request checked and tokenized; an engine error for what it may not ask."""
@@ -48,7 +51,10 @@ class Intake:
         self._check_images(req)
         limit = req.max_tokens  # the request's, its default applied while planning (None: the context left)
         self._check_continuation(req.continue_tokens)
-        # What the prompt's bytes already prove, before the work of tokenizing it.
+        if req.infill is not None and req.images:
+            raise bad_input("A fill-in-the-middle prompt takes no images.", "images", "images_unsupported")
+        # What the prompt's bytes already prove, before the work of tokenizing it (a fill-in-the-middle prompt's
+        # parts are cut to fit, as llama-server cuts them: nothing to prove there).
         at_least = self._fewest_tokens(req.prompt) + len(req.continue_tokens)
         self._check_fits(at_least, limit, exact=False)
         self._check_logprobs(req, at_least, limit, exact=False)
@@ -66,6 +72,19 @@ class Intake:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`text`'s tokens as a prompt is counted (content marks honoured)."""
         return self.llama.tokenize_prompt(text, add_special)
+
+    def infill(self, infill: InfillPrompt, limit: int | None) -> list[int]:
+        """A fill-in-the-middle prompt's tokens (app/engine/infill.py) for a completion of at most `limit` tokens
+        (None: the context left); bad input naming the model when its vocabulary has no FIM tokens."""
+        return infill_tokens(self.llama, infill, model=self.spec.id, n_batch=self.spec.n_batch, n_ctx=self.n_ctx,
+                             n_predict=limit)
+
+    def _closing(self, message: str, marker: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """A reasoning's closing tokens (app/engine/reasoning_budget.py): `message` as text, then `marker` with its
+        control token where the vocabulary has one; and the marker's alone. Few distinct ones: the models'."""
+        end = self.llama.tokenize(marker, add_special=False, parse_special=True)
+        text = self.llama.tokenize(message, add_special=False, parse_special=False) if message else []
+        return tuple(text + end), tuple(end)
 
     def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
         """A rendered prompt's tokens as `admit` counts them, its images' positions included (the projector's
@@ -98,6 +117,8 @@ class Intake:
 
     def _tokenize(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
         """The prompt's tokens, and its image spans when it has images (their pixels preprocessed)."""
+        if req.infill is not None:
+            return self.infill(req.infill, req.max_tokens), []
         if not req.images:
             return self.llama.tokenize_prompt(req.prompt) or [self.llama.bos], []
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .params import ImageInput, Job
+from .params import ImageInput, InfillPrompt, Job
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,15 @@ class CountPromptJob(Job[int]):
 
     prompt: str
     images: list[ImageInput]
+
+
+@dataclass(frozen=True)
+class InfillTokensJob(Job[list[int]]):
+    """A fill-in-the-middle prompt's token ids as a generation of at most `max_tokens` would have them (laid out
+    from the vocabulary's FIM tokens, app/engine/infill.py); a chat model's only."""
+
+    infill: InfillPrompt
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,13 @@ class LlamaModelContext:
                          add_sep=bool(L.llama_vocab_get_add_sep(self.vocab)),
                          template=raw.decode("utf-8") if raw else None)
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens by role, as llama.cpp reads them (the GGUF's
+        tokenizer.ggml.fim_*_token_id, else tokens it recognises by their text); -1 where there is none."""
+        v = self.vocab
+        return {"pre": L.llama_vocab_fim_pre(v), "suf": L.llama_vocab_fim_suf(v), "mid": L.llama_vocab_fim_mid(v),
+                "pad": L.llama_vocab_fim_pad(v), "rep": L.llama_vocab_fim_rep(v), "sep": L.llama_vocab_fim_sep(v)}
+
     def is_control(self, token: int) -> bool:
         return bool(L.llama_vocab_is_control(self.vocab, token))
 
@@ -477,7 +484,9 @@ class _Candidates:
 class SamplerChain:
     """A request's private sampler chain (its own RNG seeded from the request's seed), and its grammar's
     `constraint` (llguidance), applied to the logits as the first stage: the chain samples from the
-    tokens the grammar allows, as llama.cpp's grammar-first order does, at the cost of one mask."""
+    tokens the grammar allows, as llama.cpp's grammar-first order does, at the cost of one mask. A grammar may be
+    `deferred` (a reply that starts inside its reasoning: the grammar is the answer's, app/engine/reasoning_budget.py):
+    it is built and checked, and applies from `resume` on."""
 
     def __init__(self, llama: LlamaModelContext, p: SamplingParams, grammar_tokenizer: Any = None,
                  keep_logits: bool = False) -> None:
@@ -489,6 +498,7 @@ class SamplerChain:
             and not p.presence_penalty
         self._candidates: _Candidates | None = None
         self.constraint: Constraint | None = None
+        self.deferred = False
         self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         add = lambda s: L.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if p.logit_bias:
@@ -508,7 +518,11 @@ class SamplerChain:
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(L.llama_sampler_init_penalties(L.llama_vocab_n_tokens(llama.vocab), p.penalty_last_n,
                                                p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        if p.infill:
+            self.stateless = False  # the infill sampler reshapes the row: the greedy token cannot be tried first
         if p.temperature <= 0:
+            if p.infill:
+                add(L.llama_sampler_init_infill(llama.vocab))
             add(L.llama_sampler_init_greedy())
         else:
             if p.top_k > 0:
@@ -517,21 +531,48 @@ class SamplerChain:
                 add(L.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0.0:
                 add(L.llama_sampler_init_min_p(p.min_p, 1))
+            if p.infill:
+                add(L.llama_sampler_init_infill(llama.vocab))
             add(L.llama_sampler_init_temp(p.temperature))
             add(L.llama_sampler_init_dist(p.resolved_seed()))
 
-    def advance(self, tokens: Sequence[int]) -> bool:
+    @property
+    def active_constraint(self) -> Constraint | None:
+        """The grammar that applies to the next token (None: none, or one deferred)."""
+        return None if self.deferred else self.constraint
+
+    def resume(self) -> None:
+        """A deferred grammar applies from the next token on (the reasoning before the answer has ended)."""
+        self.deferred = False
+
+    def advance(self, tokens: Sequence[int], grammar_from: int | None = 0) -> bool:
         """Move the samplers past `tokens` generated earlier under the same grammar (a continued reply): the
-        grammar's state, and the penalties' history. False if the tokens do not fit the grammar (nothing
-        is taken then: the caller frees the sampler)."""
-        if self.constraint is not None and not self.constraint.advance(tokens):
-            return False
+        penalties' history, and the grammar's state from `tokens[grammar_from]` on (None: the grammar is still
+        deferred). False if the tokens do not fit the grammar (nothing is taken then: the caller frees the
+        sampler)."""
+        if self.constraint is not None and grammar_from is not None:
+            if not self.constraint.advance(tokens[grammar_from:]):
+                return False
+            self.deferred = False
         for token in tokens:
             L.llama_sampler_accept(self.chain, token)
         return True
 
+    def accepts(self, tokens: Sequence[int]) -> bool:
+        """Whether the grammar in force allows `tokens` next (its state unchanged)."""
+        constraint = self.active_constraint
+        return constraint is None or constraint.accepts(tokens)
+
+    def take(self, token: int) -> None:
+        """`token` comes next without being sampled (a forced reasoning close): the samplers' histories and the
+        grammar in force take it as if it had been sampled (the caller checked the grammar allows it)."""
+        L.llama_sampler_accept(self.chain, token)
+        constraint = self.active_constraint
+        if constraint is not None and not self.llama.is_eog(token):
+            constraint.take(token)
+
     def sample(self, batch_index: int) -> int:
-        if self.constraint is None:
+        if self.constraint is None or self.deferred:
             # llama_sampler_sample also accepts the token into every sampler (the penalties' history).
             return int(L.llama_sampler_sample(self.chain, self.llama.ctx, batch_index))
         if not self.keep_logits:

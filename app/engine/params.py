@@ -25,6 +25,10 @@ class SamplingParams:
     # (token id, bias) pairs added to the logits before any other sampler (OpenAI's logit_bias).
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: str | None = None
+    # llama.cpp's infill sampler before the final pick (llama-server's `samplers: [..., "infill"]`): where the
+    # likeliest tokens share a prefix their chances are merged, and an end of generation is preferred when the
+    # model is unsure of any text.
+    infill: bool = False
 
     def resolved_seed(self) -> int:
         """llama.cpp takes a 32-bit seed; 0xFFFFFFFF means "random", so never pass it."""
@@ -49,6 +53,33 @@ class ImageInput:
     digest: str  # sha256 of the encoded image, hex: names it in logs and keys its cached encoding
 
 
+@dataclass(frozen=True)
+class ReasoningLimit:
+    """How a generation's reasoning is bounded (app/engine/reasoning_budget.py): the markers that open and close
+    it (the model's reasoning parser's), whether the prompt already opened it (the template's generation prompt
+    ends inside `<think>`), the most tokens the model may reason for (None: unbounded, only counted) and the
+    message the engine writes before the closing marker when that budget is spent."""
+
+    start: str = "<think>"
+    end: str = "</think>"
+    budget: int | None = None
+    starts_open: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class InfillPrompt:
+    """A fill-in-the-middle prompt, laid out by the engine with the vocabulary's FIM tokens as llama-server's
+    /infill lays it out (app/engine/infill.py): the text before the cursor, after it, other files of the project
+    for context ((filename, text) pairs), and text the completion starts with. Client text stays text: only the
+    layout writes FIM tokens; `prompt` alone is read for control tokens, as llama-server reads it."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -70,8 +101,8 @@ class GenerationRequest:
     # prompt as they are, so its KV prefix is reused exactly and no generated text ever turns into a
     # control token; the samplers (the grammar) start after them.
     continue_tokens: list[int] = field(default_factory=list)
-    # A generation cut by its limit ends with a `Finished` that carries its generated token ids (a reply
-    # that may be continued from them); off, every `Finished` stays small.
+    # The generation ends with a `Finished` that carries its generated token ids (a reply that may be continued
+    # from them, /infill's `tokens`); off, every `Finished` stays small.
     return_tokens: bool = False
     # Most logprob entries this generation may make: prompt positions scored x (1 + logprobs) plus
     # generated tokens x n x (1 + logprobs), counted before it is queued. None: no bound. Planning gives
@@ -93,6 +124,21 @@ class GenerationRequest:
     speculative: bool = True
     spec_n_max: int | None = None
     spec_n_min: int | None = None
+    # Where the reply's reasoning is tracked, counted (Finished.reasoning_tokens) and bounded: a model whose replies
+    # are read for reasoning. None: the reply is all answer.
+    reasoning: ReasoningLimit | None = None
+    # A fill-in-the-middle prompt, laid out from the vocabulary's FIM tokens in place of `prompt` (which is then "").
+    infill: InfillPrompt | None = None
+
+    @property
+    def routed_text(self) -> str:
+        """The text a router matches this prompt's prefixes by: the rendered prompt, or a fill-in-the-middle
+        prompt's parts in the order its layout puts them (the other files first: an editor sends the same ones
+        again as the text around its cursor changes, app/engine/infill.py)."""
+        infill = self.infill
+        if infill is None:
+            return self.prompt
+        return "".join(f"{name}\n{text}" for name, text in infill.extra) + "\x1e" + infill.prefix + infill.prompt
 
     @property
     def prefix_scope(self) -> str:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # names only: the protocol loads no engine
     from ..config.spec import ModelSpec
-    from .params import EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, RerankJob, RerankResult
+    from .params import (EmbeddingJob, EmbeddingResult, GenerationRequest, ImageInput, InfillPrompt, RerankJob,
+                         RerankResult)
     from .slots import Sink
 
 
@@ -58,6 +59,8 @@ class GenerationEngine(Engine, Protocol):
     def cancel(self, request_id: str) -> None: ...
 
     def count_prompt(self, prompt: str, images: list[ImageInput]) -> int: ...
+
+    def infill_tokens(self, infill: InfillPrompt, limit: int | None) -> list[int]: ...
 
     def load_adapter(self, name: str, path: str) -> Any: ...
 

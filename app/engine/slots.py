@@ -17,6 +17,7 @@ from .events import Event, TokenLogprob
 from .llama import SamplerChain
 from .lora import BASE, AdapterSet
 from .params import GenerationRequest
+from .reasoning_budget import ReasoningTracker
 from .speculation import DraftBudget
 from .stop import StopMatcher
 from .vision import ImageSpan, next_image, release_all
@@ -64,6 +65,9 @@ class Generation:
     drafts: list[int] = field(default_factory=list)  # the draft tokens in this step's batch, after last_token
     store_scope: str = ""  # its scope in the KV kept beyond the replica (kvstore/key.py scope_digest)
     prefetched: Any = None  # a state read from a persistent tier while it was prepared (kv_placement.Prefetched)
+    reasoning: ReasoningTracker | None = None  # its reasoning and budget (None: the request tracks none)
+    forced: list[int] = field(default_factory=list)  # tokens it takes next instead of sampling (a reasoning's close)
+    forcing: int = 0  # of those, how many follow last_token in this step's batch
 
     @property
     def request_id(self) -> str:

@@ -316,18 +316,20 @@ class Speculation:
 
     def choose(self, generating: list[Any], room: int, n_ctx: int) -> dict[int, list[int]]:
         """The draft tokens each generating slot verifies this step (by slot index): up to what its n_max, the
-        batch's `room`, its max_tokens and its context leave (each row samples one token more), as many as its
-        budget finds worth their rows. A costly drafter (a draft model) is asked only for sequences whose drafts
-        may pay, and now and then for a short probe. A proposal not verified is watched: the tokens generated
-        next measure the acceptance it would have had."""
+        batch's `room`, its max_tokens, its context and its reasoning budget leave (each row samples one token
+        more), as many as its budget finds worth their rows. A costly drafter (a draft model) is asked only for
+        sequences whose drafts may pay, and now and then for a short probe. A proposal not verified is watched: the
+        tokens generated next measure the acceptance it would have had."""
         cost, sequences, draft_s = self.step_cost, len(generating), self.drafter.seconds_per_token()
         rows = sequences
         asks: list[tuple[Any, DraftAsk]] = []
         for slot in generating:
             gen = slot.gen
-            if gen.draft is None:
-                continue
+            if gen.draft is None or gen.forced:
+                continue  # a sequence taking forced tokens (a reasoning's close) has them in place of drafts
             k = min(gen.draft.n_max, room, gen.max_tokens - gen.generated - 1, n_ctx - gen.n_past - 2)
+            if gen.reasoning is not None:
+                k = min(k, gen.reasoning.draft_room())  # drafts never cross a reasoning budget
             if k > 0 and not self.drafter.cheap:
                 k = gen.draft.tokens_to_ask(k, cost, rows, sequences, draft_s)
             if k > 0:

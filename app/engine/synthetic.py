@@ -11,7 +11,8 @@ extrapolated from the last two), slept, not computed: like a GPU, it leaves the 
 sequence then gets one token of text. Prompts are tokenized byte by byte (ids are bytes + 3, so any
 text round-trips); replies are words from a fixed list, picked by the request's seed.
 
-Not modelled: grammars, logprobs and prompt scoring (refused as bad input), KV reuse (`cached_tokens` is 0).
+Not modelled: grammars, logprobs, prompt scoring and fill-in-the-middle (refused as bad input), KV reuse
+(`cached_tokens` is 0), reasoning (its replies count no reasoning tokens and no budget applies).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class SyntheticEngine(DecodeThread):
     def prepare(self, req: GenerationRequest, sink: Sink) -> _Generation:
         unsupported = ("grammar" if req.sampling.grammar else "logprobs" if req.logprobs is not None
                        else "echo with logprobs" if req.prompt_logprobs else None)
+        if req.infill is not None:
+            self.infill_tokens(req.infill, req.max_tokens)
         if unsupported:
             raise bad_input(f"Model `{self.spec.id}` is synthetic (capacity planning): it does not "
                             f"support {unsupported}.", unsupported.split()[0], "unsupported_by_model")
@@ -137,6 +140,10 @@ class SyntheticEngine(DecodeThread):
                 raise bad_input(f"Token id {token} (tokens[{i}]) is not in the vocabulary of model "
                                 f"`{self.spec.id}` (ids 0 to {256 + SPECIAL - 1}).", f"tokens[{i}]", "invalid_token")
         return bytes(t - SPECIAL for t in tokens if t >= SPECIAL).decode("utf-8", errors="replace")
+
+    def infill_tokens(self, infill: Any, limit: int | None) -> list[int]:
+        raise bad_input(f"Model `{self.spec.id}` cannot fill in the middle: it is synthetic (no vocabulary, no FIM "
+                        f"tokens).", "model", "fim_unsupported")
 
     def count_prompt(self, prompt: str, images: list[ImageInput]) -> int:
         if images:

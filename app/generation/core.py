@@ -48,11 +48,9 @@ class GenerationCore:
         """Where the turn's prompt may share cached prefixes: the caller's key (when per-key) and salt."""
         return cache_scope(caller, cache_salt, self.per_key_cache)
 
-    def plan_chat(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str,
-                  template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:
-        """A chat request's plan for `spec` (pure CPU work: run off the loop). `template_kwargs`: a protocol's
-        switches for the template (`enable_thinking`), never a client's free-form dict."""
-        plan = plan_request(req, spec, self.formats[spec.id], self.limits, template_kwargs)
+    def plan_chat(self, req: ChatCompletionRequest, spec: ModelSpec, scope: str) -> GenerationPlan:
+        """A chat request's plan for `spec` (pure CPU work: run off the loop)."""
+        plan = plan_request(req, spec, self.formats[spec.id], self.limits)
         plan.gen.cache_scope = scope
         plan.gen.cache_prompt = req.cache_prompt is not False
         plan.gen.speculative = req.speculative is not False

@@ -18,6 +18,7 @@ from ..parsers import ReplyParser
 from ..prompt.prompt_check import checked_prompt
 from ..prompt.tool_calling import ReplyFormat, ToolPlan, plan_tools
 from .images import check_images
+from .reasoning import reasoning_limit, template_switches
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repeat_penalty", "seed")
@@ -37,14 +38,12 @@ class GenerationPlan:
             reasoning=self.fmt.reasoning, tools=self.tool_parser,
             include_reasoning=self.req.include_reasoning is not False,
             parallel_tool_calls=self.req.parallel_tool_calls is not False,
-            starts_in_reasoning=self.fmt.starts_in_reasoning,
+            starts_in_reasoning=self.gen.reasoning.starts_open if self.gen.reasoning is not None
+            else self.fmt.starts_in_reasoning,
             tool_names=frozenset(t.function.name for t in self.req.tools or []) or None)
 
 
-def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits,
-                 template_kwargs: dict[str, Any] | None = None) -> GenerationPlan:
-    """`template_kwargs`: more variables for the chat template (a protocol's switches such as
-    `enable_thinking`), set by the server, never by a client's free-form dict."""
+def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, limits: Limits) -> GenerationPlan:
     check_images(req, spec, limits)
     check_model_limits(req, spec, images=True)
     check_grammar_inputs(req, limits)
@@ -52,13 +51,14 @@ def plan_request(req: ChatCompletionRequest, spec: ModelSpec, fmt: ReplyFormat, 
     tools = tool_plan(req, fmt, schema_limits)
     # A forced call's grammar wins over a free-form format.
     grammar = tools.grammar or format_grammar(req, limits)
-    prompt = chat_prompt(spec, tools, template_kwargs={**(template_variables(req) or {}), **(template_kwargs or {})} or None)
+    prompt = chat_prompt(spec, tools, template_kwargs=template_variables(req, spec))
     sampling = sampling_from(req, spec.n_vocab)
     sampling.grammar = grammar
     gen = GenerationRequest(request_id=uuid.uuid4().hex, prompt=prompt,
                             max_tokens=completion_limit(req.completion_limit, spec), stop=req.stop_list, sampling=sampling, n=req.choices, logprobs=req.logprobs_k,
                             return_tokens=tools.parser is not None and spec.tool_continuation_rounds > 0,
-                            max_logprob_entries=limits.max_logprob_entries)
+                            max_logprob_entries=limits.max_logprob_entries,
+                            reasoning=reasoning_limit(req, spec, fmt, prompt))
     return GenerationPlan(req, spec, gen, fmt, tools.parser)
 
 
@@ -76,11 +76,14 @@ def chat_prompt(spec: ModelSpec, tools: ToolPlan, add_generation_prompt: bool = 
                           eos_token=spec.eos_token, control_tokens=spec.control_tokens, extra=template_kwargs)
 
 
-def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """The request's variables for the chat template beyond messages and tools (None: none); a template
-    that does not read one renders as without it."""
+def template_variables(req: ChatCompletionRequest, spec: ModelSpec) -> dict[str, Any] | None:
+    """The request's variables for the chat template beyond messages and tools (None: none): its
+    `reasoning_effort` (a template that does not read it renders as without it) and the switches of
+    `chat_template_kwargs` the template reads (app/generation/reasoning.py), never a client's free-form dict."""
     effort = getattr(req, "reasoning_effort", None)
-    return {"reasoning_effort": effort} if effort is not None else None
+    out = {"reasoning_effort": effort} if effort is not None else {}
+    out.update(template_switches(req, spec))
+    return out or None
 
 
 def sampling_from(req: ChatCompletionRequest | CompletionRequest, n_vocab: int = 0) -> SamplingParams:

@@ -147,6 +147,7 @@ class ReplyReader:
         out = self.choices[0].tally.usage()
         out["completion_tokens"] = sum(c.tally.completion_tokens for c in self.choices)
         out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(c.tally.reasoning_tokens for c in self.choices)}
         return out
 
     def record(self, protocol: str, stream: bool, failure: BaseException | None) -> RequestRecord:

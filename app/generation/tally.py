@@ -20,6 +20,7 @@ class ReplyTally:
         self.started = False
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.reasoning_tokens = 0  # of the completion's, as the engine counted them (Finished.reasoning_tokens)
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None  # which stop sequence ended the reply, when one did
@@ -51,6 +52,7 @@ class ReplyTally:
 
     def end_round(self, ev: Finished) -> None:
         self.completion_tokens += ev.completion_tokens
+        self.reasoning_tokens += ev.reasoning_tokens
 
     def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

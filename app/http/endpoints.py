@@ -143,11 +143,24 @@ class Endpoints:
 
         if route.resolve is not None:
             req = route.resolve(req, known)
-        elif not known(req.model):
+        elif req.model is None:  # a route that may leave it out (/infill, as editors call llama-server)
+            req = req.model_copy(update={"model": self._only_chat_model(request)})
+        if not known(req.model):
             raise model_not_found(req.model)
         if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")
         return req
+
+    def _only_chat_model(self, request: Request) -> str:
+        """The one chat model the caller's key may use, for a request that names none; a 400 when it may use
+        several (or none)."""
+        policy = policy_of(request)
+        usable = [c.id for c in self.cards.values() if c.kind == "chat" and c.parent is None and c.allowed(policy)]
+        if len(usable) != 1:
+            raise invalid_request(f"`model` is required: this server has {len(usable)} chat models for this key "
+                                  f"({', '.join(usable[:8])}{', ...' if len(usable) > 8 else ''}).", param="model",
+                                  code="missing_required_parameter")
+        return usable[0]
 
     async def list_models(self, request: Request, route: Route) -> Response:
         """The models the caller's key may use, each with its state."""

@@ -21,6 +21,7 @@ from ..anthropic_messages.schemas import (
 )
 from ..api.embeddings import EmbeddingRequest
 from ..api.errors import error_body, invalid_request
+from ..api.infill import InfillRequest
 from ..api.rerank import RerankRequest
 from ..api.schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
@@ -44,7 +45,7 @@ from .openapi import (
     RETRIEVE_MODEL, USAGE, Doc,
 )
 from .responses_sse import ResponsesStream
-from .sse import ANTHROPIC_MESSAGES, OPENAI_CHAT, SSEDialect
+from .sse import ANTHROPIC_MESSAGES, LLAMA_SERVER, OPENAI_CHAT, SSEDialect
 
 ErrorShape = Callable[[BaseException], "tuple[int, dict[str, Any]]"]
 """A protocol's error: status and body for an exception (OpenAI's `error_body` unless the route says)."""
@@ -135,6 +136,10 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/completions", "POST", G, CompletionRequest, trace=H,
           doc=Doc("createCompletion", "A text_completion, or an SSE stream of them when `stream`",
                   "CreateCompletionRequest", stream=True)),
+    Route("/infill", "POST", G, InfillRequest, trace=H, framing=functools.partial(Framing, LLAMA_SERVER),
+          doc=Doc("infill", "llama-server's fill-in-the-middle completion (`content`, `tokens_predicted`, "
+                  "`tokens_evaluated`, `stop_type`, `timings`...), or an SSE stream of its partial objects ending "
+                  "with the whole one when `stream`", "InfillRequest", stream=True)),
     Route("/v1/responses", "POST", G, ResponsesRequest, parse_responses_request, trace=H, framing=ResponsesStream,
           doc=Doc("createResponse", "A response, or an SSE stream of typed events when `stream`",
                   "CreateResponseRequest", stream=True)),

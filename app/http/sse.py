@@ -48,6 +48,8 @@ class SSEDialect:
 
 OPENAI_CHAT = SSEDialect()
 TYPED_EVENTS = SSEDialect(encode=encode_named_event, done=None)
+# llama-server's own streams (/infill): bare `data:` lines, the last one the whole object (`stop: true`), no [DONE].
+LLAMA_SERVER = SSEDialect(done=None)
 ANTHROPIC_MESSAGES = SSEDialect(encode=encode_named_event, keepalive=b'event: ping\ndata: {"type": "ping"}\n\n',
                                 done=None)
 

@@ -27,7 +27,6 @@ from .schemas import Message, OllamaChatRequest, OllamaGenerateRequest, _Generat
 @dataclass(frozen=True)
 class MappedChat:
     chat: ChatCompletionRequest
-    template_kwargs: dict[str, Any] | None
 
 
 def image_url(data: str) -> dict[str, Any]:
@@ -89,15 +88,16 @@ def response_format(fmt: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
 
 
-def _think(req: _Generating) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(chat fields, template variables) for `think`."""
+def _think(req: _Generating) -> dict[str, Any]:
+    """`think` as chat's reasoning fields (app/generation/reasoning.py): the `enable_thinking` switch for templates
+    that read it; `false` is no reasoning (a budget of 0) and hides it, a level is `reasoning_effort`'s budget."""
     if req.think is None:
-        return {}, None
+        return {}
     if req.think is False:
-        return {"include_reasoning": False}, {"enable_thinking": False}
+        return {"include_reasoning": False, "chat_template_kwargs": {"enable_thinking": False}}
     if req.think is True:
-        return {}, {"enable_thinking": True}
-    return {"reasoning_effort": req.think}, {"enable_thinking": True}
+        return {"chat_template_kwargs": {"enable_thinking": True}}
+    return {"reasoning_effort": req.think, "chat_template_kwargs": {"enable_thinking": True}}
 
 
 def _chat(body: dict[str, Any]) -> ChatCompletionRequest:
@@ -121,9 +121,8 @@ def to_chat_request(req: OllamaChatRequest | OllamaGenerateRequest, sampling: Sa
     fmt = response_format(req.format)
     if fmt is not None:
         body["response_format"] = fmt
-    fields, template_kwargs = _think(req)
-    body.update(fields)
-    return MappedChat(_chat(body), template_kwargs)
+    body.update(_think(req))
+    return MappedChat(_chat(body))
 
 
 def to_completion_request(req: OllamaGenerateRequest, sampling: Sampling) -> CompletionRequest:

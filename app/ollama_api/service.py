@@ -53,7 +53,7 @@ class _Turns:
         check_num_ctx(sampling, spec)
         mapped = to_chat_request(req, sampling)  # type: ignore[arg-type]
         try:
-            plan = self.core.plan_chat(mapped.chat, spec, scope, mapped.template_kwargs)
+            plan = self.core.plan_chat(mapped.chat, spec, scope)
         except APIError as exc:
             raise num_predict_named(exc) from None
         window = penalty_window(sampling, spec)

@@ -50,25 +50,14 @@ def output_items(message: dict[str, Any], cut: bool) -> list[dict[str, Any]]:
     return items
 
 
-def reasoning_tokens(output_tokens: int, output: list[dict[str, Any]]) -> int:
-    """Reasoning's share of the output tokens, estimated from characters: the engine counts tokens per
-    generated piece, and a piece can hold both reasoning and the text after it."""
-    reasoning = sum(len(p["text"]) for item in output if item["type"] == "reasoning" for p in item["content"])
-    if not reasoning:
-        return 0
-    rest = sum(len(p.get("text", "")) for item in output if item["type"] == "message" for p in item["content"])
-    rest += sum(len(item["name"]) + len(item["arguments"]) for item in output if item["type"] == "function_call")
-    return round(output_tokens * reasoning / (reasoning + rest))
-
-
-def usage(chat_usage: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
-    """Chat usage as the Responses API names it (reasoning_tokens: see reasoning_tokens)."""
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    """Chat usage as the Responses API names it; `reasoning_tokens` as the engine counted them."""
     inp, out = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     # cache_write_tokens: the SDK's model requires it; no write is billed apart here.
     return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": out,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens(out, output)}, "total_tokens": inp + out}
+            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": inp + out}
 
 
 # Before the end: the spec's `usage` is an object, never null.
@@ -120,7 +109,7 @@ class ResponseShaper:
     def finished(self, output: list[dict[str, Any]], chat_usage: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         """The whole response: `incomplete` when the reply was cut at its token limit."""
         status = "incomplete" if finish_reason == "length" else "completed"
-        return self.response(status, output, usage(chat_usage, output))
+        return self.response(status, output, usage(chat_usage))
 
     def finished_reply(self, message: dict[str, Any], finish_reason: str | None,
                        chat_usage: dict[str, Any]) -> dict[str, Any]:

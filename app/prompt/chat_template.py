@@ -51,6 +51,19 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+@lru_cache(maxsize=16)
+def declared_variables(source: str) -> frozenset[str]:
+    """The variables a template reads from its context (`enable_thinking`, `reasoning_effort`, ...): a switch is
+    passed to a template only where it reads it. None of them for a template that does not compile."""
+    from jinja2 import meta
+
+    try:
+        ast = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+    return frozenset(meta.find_undeclared_variables(ast))
+
+
 def check_template(source: str) -> None:
     """Raise ValueError when the template does not even compile (caught at build time)."""
     try:

@@ -13,8 +13,10 @@ from ..observe import tracing
 from ..anthropic_messages import CountTokensRequest, MessagesRequest, MessagesService, MessageTokenCounter
 from ..chat import ChatService
 from ..completions import CompletionService
+from ..completions.infill import InfillService
 from ..embeddings import EmbeddingService
 from ..api.embeddings import EmbeddingRequest
+from ..api.infill import InfillRequest
 from ..api.rerank import RerankRequest
 from ..rerank import RerankService
 from ..config.app_args import Limits
@@ -94,6 +96,7 @@ class Processor:
         chat = ChatService(specs, models.generate, limits=limits, observer=observer, per_key_cache=per_key_cache)
         completions = CompletionService(specs, models.generate, limits=limits, observer=observer,
                                         per_key_cache=per_key_cache)
+        infill = InfillService(specs, models.generate, limits=limits, observer=observer, per_key_cache=per_key_cache)
         responses = ResponsesService(specs, models.generate, limits=limits, observer=observer,
                                      per_key_cache=per_key_cache, response_store=response_store)
         messages = MessagesService(specs, models.generate, limits=limits, observer=observer,
@@ -109,6 +112,7 @@ class Processor:
         for request_type, answer in (
                 (ChatCompletionRequest, generation(chat)),
                 (CompletionRequest, generation(completions)),
+                (InfillRequest, generation(infill)),
                 (ResponsesRequest, generation(responses)),
                 (InputTokensRequest, generation(InputTokensService(responses, models), metered=False)),
                 (MessagesRequest, generation(messages)),
@@ -175,8 +179,9 @@ class Processor:
 
 
 # OpenTelemetry's gen_ai.operation.name; a Responses or Messages request is a chat turn in its terms.
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat", "messages": "chat",
-              "embeddings": "embeddings", "rerank": "rerank", "ollama": "chat", "ollama_embed": "embeddings"}
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "infill": "text_completion", "responses": "chat",
+              "messages": "chat", "embeddings": "embeddings", "rerank": "rerank", "ollama": "chat",
+              "ollama_embed": "embeddings"}
 
 
 def _span(protocol: str, request: Any, caller: Caller) -> Any:

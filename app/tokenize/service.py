@@ -15,10 +15,11 @@ from ..generation.caller import ANONYMOUS, Caller
 from ..api.schemas import DetokenizeRequest, TokenizeRequest
 from ..config.app_args import Limits
 from ..config.spec import ModelSpec
-from ..engine.jobs import CountPromptJob, DetokenizeJob, TokenizeJob
-from ..engine.params import ImageInput, Job
+from ..engine.jobs import CountPromptJob, DetokenizeJob, InfillTokensJob, TokenizeJob
+from ..engine.params import ImageInput, InfillPrompt, Job
 from ..generation.lifecycle import off_loop
-from ..generation.plan import chat_prompt, check_grammar_inputs, check_model_limits, grammar_limits, tool_plan
+from ..generation.plan import (chat_prompt, check_grammar_inputs, check_model_limits, completion_limit,
+                               grammar_limits, tool_plan)
 from ..prompt import content_marks
 from ..prompt.tool_calling import ReplyFormat, resolve_reply_format
 
@@ -66,6 +67,17 @@ class TokenService:
 
     async def tokenize(self, req: TokenizeRequest, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         spec = self._spec(req.model, caller)
+        if req.infill:
+            # As /infill lays it out for a completion of the model's default length (`input_extra` is cut to leave
+            # it room); the model's replica refuses a vocabulary without FIM tokens, naming the model.
+            extra = tuple((chunk.filename, chunk.text) for chunk in req.input_extra or [])
+            if len(extra) > self.limits.max_infill_extra:
+                raise invalid_request(f"`input_extra` has {len(extra)} files; this server takes at most "
+                                      f"{self.limits.max_infill_extra} in one request (limits.max_infill_extra).",
+                                      param="input_extra", code="too_many_inputs")
+            infill = InfillPrompt(req.input_prefix or "", req.input_suffix or "", extra, req.prompt or "")
+            ids = await self.tokens.run(spec.id, InfillTokensJob(infill, completion_limit(None, spec)))
+            return {"tokens": ids, "count": len(ids), "max_model_len": spec.n_ctx}
         if req.messages is not None and spec.kind != "chat":
             what = KIND_SERVES[spec.kind][0]
             raise invalid_request(f"Model `{spec.id}` is {what}: it has no chat template to render "

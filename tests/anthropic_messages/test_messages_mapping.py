@@ -104,17 +104,19 @@ def test_tool_choice(choice, expected):
     assert {k: chat[k] for k in ("tool_choice", "parallel_tool_calls") if k in chat} == expected
 
 
-@pytest.mark.parametrize("thinking, kwargs", [
-    ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}),
-    ({"type": "adaptive"}, {"enable_thinking": True}),
-    ({"type": "disabled"}, {"enable_thinking": False}),
-    (None, None),
+@pytest.mark.parametrize("thinking, switches, budget", [
+    ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}, 1024),
+    ({"type": "adaptive"}, {"enable_thinking": True}, None),
+    ({"type": "disabled"}, {"enable_thinking": False}, None),
+    (None, None, None),
 ])
-def test_thinking_reaches_the_template_as_enable_thinking(thinking, kwargs):
+def test_thinking_becomes_the_template_switch_and_the_reasoning_budget(thinking, switches, budget):
     fields = {"max_tokens": 2048} if thinking else {}
     if thinking:
         fields["thinking"] = thinking
-    assert to_chat_request(request(**fields)).template_kwargs == kwargs
+    chat = to_chat_request(request(**fields)).chat
+    assert chat.chat_template_kwargs == switches
+    assert chat.thinking_budget_tokens == budget
 
 
 def test_output_format_is_a_json_schema_response_format():

@@ -22,7 +22,7 @@ def render(spec, **fields) -> tuple[str, str]:
     body = {"model": spec.id, "messages": [{"role": "user", "content": "Hi"}], **fields}
     fmt = resolve_reply_format(spec.chat_template, spec.reasoning_parser, spec.tool_parser)
     mapped = to_chat_request(parse_messages_request({**body, "max_tokens": 64}))
-    gen = plan_request(mapped.chat, spec, fmt, Limits(), mapped.template_kwargs).gen.prompt
+    gen = plan_request(mapped.chat, spec, fmt, Limits()).gen.prompt
     return gen, prompt_text(parse_count_tokens_request(body), spec, fmt, Limits())[0]
 
 

@@ -15,7 +15,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Requ
 from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 
 from app.engine.jobs import CountPromptJob  # noqa: E402
-from app.engine.params import GenerationRequest  # noqa: E402
+from app.engine.params import GenerationRequest, InfillPrompt  # noqa: E402
 from deployments.prefix_router import PoolAffinityRouter, PrefixAffinityRouter, prompt_of  # noqa: E402
 
 DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
@@ -66,6 +66,11 @@ def test_prompt_is_read_from_the_generation_request_only():
         assert prompt_of(pending("just text to tokenize")) is None
         assert prompt_of(pending(CountPromptJob("a prompt to count", []))) is None  # a `run` goes by load
         assert prompt_of(None) is None
+        # A fill-in-the-middle prompt is matched by its parts in layout order: the other files first, which an
+        # editor sends again as the text around its cursor changes.
+        fim = GenerationRequest(request_id="f", prompt="", infill=InfillPrompt("def f", "\n", (("a.py", "x"),)))
+        text, _ = prompt_of(pending(fim))
+        assert text.startswith("a.py\nx") and "def f" in text
 
     asyncio.run(run())
 

@@ -85,4 +85,5 @@ def test_the_reader_streams_each_logprob_once_and_its_results_agree():
     assert result.message["content"] == "".join(WORDS) and result.finish_reason == events[-1].finish_reason
     assert [lp.token for lp in result.logprobs] == sent
     assert whole.usage() == streamed.usage() == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
-                                                 "prompt_tokens_details": {"cached_tokens": 0}}
+                                                 "prompt_tokens_details": {"cached_tokens": 0},
+                                                 "completion_tokens_details": {"reasoning_tokens": 0}}

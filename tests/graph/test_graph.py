@@ -16,7 +16,8 @@ from llama_cpp import Llama
 from app.ops.gc_tuning import YOUNG_THRESHOLD
 from app.prompt.chat_template import render_prompt
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import ADAPTERS, EMBED_MODEL, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL, sse_json
+from tests.support.serve_harness import (ADAPTERS, EMBED_MODEL, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL,
+                                        THINKING_MODEL, sse_json)
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -38,7 +39,7 @@ def test_models_and_health(http):
     assert r.status_code == 200
     assert_valid("ListModelsResponse", r.json())
     assert [m["id"] for m in r.json()["data"]] == [MODEL, *(f"{MODEL}:{a}" for a in ADAPTERS), THINK_MODEL,
-                                                   EMBED_MODEL, RERANK_MODEL]
+                                                   THINKING_MODEL, EMBED_MODEL, RERANK_MODEL]
     r = http.get(f"/v1/models/{MODEL}")
     assert r.status_code == 200 and r.json()["id"] == MODEL
     assert_valid("Model", r.json())
@@ -46,8 +47,8 @@ def test_models_and_health(http):
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert_valid("ErrorResponse", r.json())
     r = http.get("/health")
-    assert r.status_code == 200 and r.json()["models"] == {MODEL: True, THINK_MODEL: True, EMBED_MODEL: True,
-                                                             RERANK_MODEL: True}
+    assert r.status_code == 200 and r.json()["models"] == {MODEL: True, THINK_MODEL: True, THINKING_MODEL: True,
+                                                             EMBED_MODEL: True, RERANK_MODEL: True}
 
 
 # ---- non-streaming ----------------------------------------------------------------------------

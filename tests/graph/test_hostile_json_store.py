@@ -27,6 +27,8 @@ ROUTES = [
                              '"response_format": {"type": "json_schema", "json_schema": {"name": "n", '
                              '"schema": {"type": "number", "default": %%s}}}}' % MODEL, True),
     ("/v1/completions", '{"model": "%s", "prompt": "hi", "temperature": %%s}' % MODEL, True),
+    ("/infill", '{"model": "%s", "input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": "x", '
+                '"n": %%s}]}' % MODEL, True),
     ("/v1/responses", '{"model": "%s", "input": "hi", "max_output_tokens": 4, "tools": [{"type": "function", '
                       '"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "number", '
                       '"default": %%s}}}}]}' % MODEL, True),

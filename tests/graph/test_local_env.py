@@ -17,7 +17,8 @@ import pytest
 from ray import serve
 
 from tests.support.openapi_spec import assert_valid
-from tests.support.serve_harness import APP, EMBED_MODEL, KEY_A, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL
+from tests.support.serve_harness import (APP, EMBED_MODEL, KEY_A, MODEL, REPRODUCIBLE, RERANK_MODEL, THINK_MODEL,
+                                        THINKING_MODEL)
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.parametrize("shape", ["single"], indirect=True)]
 
@@ -56,6 +57,7 @@ def test_one_replica_serves_http_itself_and_runs_the_model(cluster):
     info = cluster.handle("Ingress").replica_info.remote().result()
     placed = {model: {k: about[k] for k in ("n_threads", "n_gpu_layers")} for model, about in info["models"].items()}
     assert placed == {MODEL: {"n_threads": 2, "n_gpu_layers": 0}, THINK_MODEL: {"n_threads": 2, "n_gpu_layers": 0},
+                      THINKING_MODEL: {"n_threads": 1, "n_gpu_layers": 0},
                       EMBED_MODEL: {"n_threads": 1, "n_gpu_layers": 0}, RERANK_MODEL: {"n_threads": 1, "n_gpu_layers": 0}}
     # The port clients call is the Ingress replica's own socket, not Serve's proxy's.
     assert listening_pid(cluster.port) == info["pid"]

@@ -102,7 +102,7 @@ def test_completion_stream_error_before_output_keeps_status(client, backend):
     ({"prompt": [[1, 2]]}, "prompt", "unsupported_parameter"),
     ({"prompt": []}, "prompt", "invalid_value"),
     ({"prompt": None}, "prompt", None),
-    ({"suffix": "end"}, "suffix", "unsupported_parameter"),
+    ({"suffix": "end", "echo": True}, "echo", "unsupported_parameter"),
     ({"best_of": 3}, "best_of", "unsupported_parameter"),
     ({"n": 3, "best_of": 2}, None, "invalid_value"),
     ({"logprobs": 21}, "logprobs", "invalid_value"),

@@ -19,6 +19,7 @@ BAD_NUMBERS = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", "1" + "0" * 40
 ROUTES = [
     ("/v1/chat/completions", '{"model": "m", "messages": [], "temperature": %s}'),
     ("/v1/completions", '{"model": "m", "prompt": "x", "temperature": %s}'),
+    ("/infill", '{"model": "m", "input_prefix": "a", "input_suffix": "b", "temperature": %s}'),
     ("/v1/responses", '{"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", '
                       '"parameters": {"type": "object", "properties": {"n": {"type": "number", "default": %s}}}}]}'),
     ("/v1/responses", '{"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "n", '

@@ -13,6 +13,7 @@ from app.http.model_cards import ModelCard
 
 OPERATIONS = {
     ("/v1/chat/completions", "post"): "createChatCompletion", ("/v1/completions", "post"): "createCompletion",
+    ("/infill", "post"): "infill",
     ("/v1/responses", "post"): "createResponse", ("/v1/responses/input_tokens", "post"): "countResponseInputTokens",
     ("/v1/responses/{response_id}", "get"): "getResponse", ("/v1/responses/{response_id}", "delete"): "deleteResponse",
     ("/v1/messages", "post"): "createMessage", ("/v1/messages/count_tokens", "post"): "countMessageTokens",
@@ -34,14 +35,14 @@ def test_the_openapi_document_lists_every_documented_route():
     doc = openapi_document(ROUTES)
     assert {(path, method): op["operationId"] for path, ops in doc["paths"].items()
             for method, op in ops.items()} == OPERATIONS
-    assert {"CreateChatCompletionRequest", "CreateCompletionRequest", "TokenizeRequest", "DetokenizeRequest",
+    assert {"CreateChatCompletionRequest", "CreateCompletionRequest", "InfillRequest", "TokenizeRequest", "DetokenizeRequest",
             "CreateResponseRequest", "ResponsesInputTokensRequest", "CreateEmbeddingRequest", "RerankRequest",
             "CreateMessageRequest", "CountMessageTokensRequest", "ErrorResponse", "Model"} <= set(
         doc["components"]["schemas"])
 
 
 def test_traced_and_anthropic_paths_come_from_the_table():
-    assert TABLE.traced_paths == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/rerank",
+    assert TABLE.traced_paths == {"/v1/chat/completions", "/v1/completions", "/infill", "/v1/embeddings", "/v1/rerank", "/rerank",
                                   "/v2/rerank", "/tokenize", "/detokenize", "/v1/responses",
                                   "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
                                   "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}

