@@ -22,6 +22,7 @@ from ..api.errors import APIError, forbidden, not_found
 from ..observe import tracing
 from ..serving.health import HealthCache
 from ..serving.processing import Processing
+from .batch_routes import BatchEdge
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware
 from .endpoints import Endpoints, ServerSettings, all_ready
 from .errors import error_response
@@ -67,13 +68,14 @@ def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Aw
 
 def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
                    health: HealthCache | None = None, pool_states: PoolStates | None = None,
-                   routes: RouteTable = TABLE) -> Starlette:
+                   routes: RouteTable = TABLE, batches: BatchEdge | None = None) -> Starlette:
     """The app over `processing`. `health`: where /health reads the models' states (None: every model is
     reported ready, for an app with no models of its own to watch). `pool_states`: each pooled model's state
-    (loaded, loading, available) for /v1/models. `routes`: the route table (app/http/routes.py) it serves."""
+    (loaded, loading, available) for /v1/models. `routes`: the route table (app/http/routes.py) it serves.
+    `batches`: the batch routes' byte streams over the batch store (None: batch jobs are off)."""
     settings = settings or ServerSettings()
     health = health or HealthCache(all_ready(models), [m.id for m in models])
-    api = Endpoints(processing, health, models, settings, routes, pool_states)
+    api = Endpoints(processing, health, models, settings, routes, pool_states, batches)
     # One Starlette route per path, so that a method it lacks gets 405 with every method it has in `Allow`.
     starlette_routes = [StarletteRoute(path, _endpoint(api, lines), methods=list(lines))
                         for path, lines in routes.by_path.items()]

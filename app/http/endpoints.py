@@ -11,13 +11,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..api.errors import invalid_request, model_not_found
+from ..api.errors import invalid_request, model_not_found, not_found
 from ..generation.caller import ANONYMOUS
 from ..serving.health import HealthCache, health_body
 from ..serving.models import READY, ModelState
 from ..serving.processing import Processing
 from ..serving.reply_headers import WithHeaders, split_headers
 from .auth import KeyChecker
+from .batch_routes import BatchEdge
 from .browser_guard import BrowserPolicy
 from .errors import error_event, error_response
 from .json_body import JSONBody
@@ -56,8 +57,10 @@ class Endpoints:
     cards and the server's settings. Each takes the HTTP request and its line of the table."""
 
     def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
-                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None) -> None:
+                 settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None,
+                 batches: BatchEdge | None = None) -> None:
         self.processing = processing
+        self.batches = batches
         self.pool_states = pool_states
         self.health_cache = health
         self.cards = {m.id: m for m in models}
@@ -94,6 +97,40 @@ class Endpoints:
         try:
             req = route.parse(request)
             return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    # -- the batch routes' byte streams (app/http/batch_routes.py) ------------------------------------------------
+    def _batch_edge(self) -> BatchEdge:
+        if self.batches is None:
+            raise not_found("Batch jobs are off on this server (batch.enabled: false).")
+        return self.batches
+
+    async def upload_file(self, request: Request, route: Route) -> Response:
+        """`POST /v1/files`: a multipart upload streamed to the batch store."""
+        try:
+            record = await self._batch_edge().upload(request, caller_of(request) or ANONYMOUS)
+            return JSONBody(record.to_openai())
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def file_content(self, request: Request, route: Route) -> Response:
+        try:
+            return await self._batch_edge().content(request, caller_of(request) or ANONYMOUS)
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def create_message_batch(self, request: Request, route: Route) -> Response:
+        try:
+            edge = self._batch_edge()
+            return json_answer(await edge.create_message_batch(request, caller_of(request) or ANONYMOUS,
+                                                               self.processing.respond))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def message_batch_results(self, request: Request, route: Route) -> Response:
+        try:
+            return await self._batch_edge().message_batch_results(request, caller_of(request) or ANONYMOUS)
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors, request.scope)
 
