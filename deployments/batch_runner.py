@@ -14,7 +14,9 @@ its own thread, so the actor's health checks and its `submit`/`cancel` calls nev
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +29,7 @@ from app.batches.records import BatchRecord
 from app.batches.runner import BatchRunner, KeyRevoked
 from app.batches.service import BatchService
 from app.batches.store import BatchStore, storage_url
-from app.config.app_args import AppArgs, AuthConfig, BatchConfig, Limits
+from app.config.app_args import AppArgs, BatchConfig, Limits
 from app.config.spec import ModelSpec
 from app.generation.caller import Caller
 from app.http.auth import load_key_registry
@@ -58,9 +60,11 @@ def runner_actors(parsed: AppArgs, specs: list[ModelSpec]) -> list[DeploymentAct
     reads the store and sends requests; the models' replicas do the work)."""
     if not parsed.batch.enabled:
         return []
+    # Serve keeps a deployment actor's init kwargs as plain data (a pydantic model or a dataclass arrives a dict):
+    # what the runner needs goes pickled, as text, and comes back as the objects it was.
+    setup = (parsed.batch, specs, parsed.limits, parsed.auth, parsed.topology)
     return [DeploymentActorConfig(name=RUNNER_ACTOR, actor_class=BatchRunnerActor, actor_options={"num_cpus": 0},
-                                  init_kwargs={"batch": parsed.batch, "specs": specs, "limits": parsed.limits,
-                                               "auth": parsed.auth, "topology": parsed.topology})]
+                                  init_kwargs={"setup": base64.b64encode(pickle.dumps(setup)).decode()})]
 
 
 def batch_store(batch: BatchConfig) -> BatchStore:
@@ -73,8 +77,8 @@ def max_line_bytes(batch: BatchConfig, limits: Limits) -> int:
 
 @ray.remote
 class BatchRunnerActor:
-    def __init__(self, batch: BatchConfig, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
-                 topology: str) -> None:
+    def __init__(self, setup: str) -> None:
+        batch, specs, limits, auth, topology = pickle.loads(base64.b64decode(setup))
         self.app = serve.get_deployment_actor_context().app_name
         self.target = "ChatProcessor" if topology == "graph" else "Ingress"
         self.registry = load_key_registry(auth.api_keys_env, auth.api_keys_file)
@@ -99,7 +103,19 @@ class BatchRunnerActor:
         if self.handle is None:
             handle = await asyncio.to_thread(serve.get_deployment_handle, self.target, self.app)
             self.handle = unary(handle)
-        return await call_mapped(lambda: self.handle.respond.remote(request, caller))
+        sent: list[Any] = []
+
+        def send() -> Any:
+            sent.append(self.handle.respond.remote(request, caller))
+            return sent[0]
+        try:
+            return await call_mapped(send)
+        except asyncio.CancelledError:
+            # A cancel or the window's end stops the line: its generation is cancelled where it runs (a response
+            # awaited on this thread's loop is not cancelled there by the await's own cancellation).
+            if sent:
+                sent[0].cancel()
+            raise
 
     def _policy(self, record: BatchRecord) -> KeyPolicy | None:
         if record.key_sha256 is None:

@@ -128,12 +128,12 @@ class BatchService:
                 self.store.exists, f"{batch_dir(owner, request.batch_id)}/input.jsonl"):
             raise invalid_request("The batch's requests were not received.", param="requests")
         record = await self._open(owner, caller, MESSAGE_BATCH_PREFIX, "anthropic", MESSAGES.url, None, None,
-                                  batch_id=request.batch_id)
+                                  batch_id=request.batch_id, total=request.total)
         return record.to_anthropic()
 
     async def _open(self, owner: str, caller: Caller, prefix: str, protocol: str, endpoint: str,
                     input_file_id: str | None, metadata: dict[str, str] | None,
-                    batch_id: str | None = None) -> BatchRecord:
+                    batch_id: str | None = None, total: int = 0) -> BatchRecord:
         open_now = [n for n in await self._io(self.store.names, "open") if n.startswith(owner + ".")]
         if len(open_now) >= self.config.max_open_batches_per_key:
             raise APIError(f"This key has {len(open_now)} batches not yet ended, the most it may "
@@ -143,7 +143,7 @@ class BatchService:
         policy = caller.policy
         record = BatchRecord(id=batch_id or new_id(prefix), owner=owner, protocol=protocol, endpoint=endpoint,
                              created_at=now, expires_at=now + self.config.completion_window_s,
-                             input_file_id=input_file_id, metadata=metadata,
+                             input_file_id=input_file_id, metadata=metadata, total=total,
                              key_sha256=policy.key_sha256 if policy is not None else None,
                              policy=policy.model_dump(mode="json") if policy is not None else None)
         await self._io(self.store.put, id_owner_path(record.id), owner.encode())
