@@ -9,7 +9,7 @@ import json
 from app.batches.records import BatchRecord, batch_record_path
 from app.ops.batches_cli import run
 from app.ops.cli import main
-from tests.http.test_batch_routes import A, DATA, KEY_A, client_over, sdk
+from tests.http.test_batch_routes import DATA, KEY_A, client_over, sdk
 
 
 def args(*argv: str):
