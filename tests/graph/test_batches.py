@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support import anthropic_spec
 from tests.support.openapi_spec import assert_valid
 from tests.support.serve_harness import EMBED_MODEL, KEY_A, KEY_B, MODEL, TENANT_KEYS
 
@@ -155,11 +156,19 @@ def test_the_anthropic_sdk_runs_a_message_batch(cluster):
         assert time.monotonic() < deadline, batch
         time.sleep(0.3)
     assert batch.request_counts.succeeded == 2 and batch.request_counts.errored == 1
+    raw = httpx.get(f"{cluster.url}/v1/messages/batches/{batch.id}/results", headers={"x-api-key": KEY_A}, timeout=60)
+    for line in raw.text.splitlines():
+        anthropic_spec.assert_valid("MessageBatchIndividualResponse", json.loads(line))
+    anthropic_spec.assert_valid("MessageBatch", httpx.get(f"{cluster.url}/v1/messages/batches/{batch.id}",
+                                                          headers={"x-api-key": KEY_A}, timeout=60).json())
     results = {r.custom_id: r.result for r in client.messages.batches.results(batch.id)}
     assert set(results) == {"msg-0", "msg-1", "bad"}
     assert results["msg-0"].type == "succeeded" and results["msg-0"].message.role == "assistant"
     assert results["bad"].type == "errored" and results["bad"].error.error.type == "invalid_request_error"
-    assert client.messages.batches.delete(batch.id).type == "message_batch_deleted"
+    deleted = httpx.delete(f"{cluster.url}/v1/messages/batches/{batch.id}", headers={"x-api-key": KEY_A}, timeout=60)
+    anthropic_spec.assert_valid("DeleteMessageBatchResponse", deleted.json())
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.batches.retrieve(batch.id)
 
 
 def test_the_keys_usage_counts_batch_lines_as_such(cluster):

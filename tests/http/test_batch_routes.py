@@ -23,6 +23,7 @@ from app.http.batch_routes import BatchEdge
 from app.http.endpoints import ServerSettings
 from app.http.model_cards import ModelCard
 from app.serving.processing import Processor
+from tests.support import anthropic_spec
 from tests.support.openapi_spec import assert_valid
 
 KEY_A, KEY_B = "sk-test-a-" + "a" * 22, "sk-test-b-" + "b" * 22
@@ -197,6 +198,8 @@ def test_the_anthropic_sdk_makes_reads_lists_and_cancels_a_message_batch(store):
         assert batch.processing_status == "in_progress" and batch.request_counts.processing == 2
         assert client.messages.batches.retrieve(batch.id).id == batch.id
         assert [b.id for b in client.messages.batches.list()] == [batch.id]
+        anthropic_spec.assert_valid("MessageBatch", c.get(f"/v1/messages/batches/{batch.id}", headers=A).json())
+        anthropic_spec.assert_valid("ListResponse_MessageBatch_", c.get("/v1/messages/batches", headers=A).json())
         with pytest.raises(anthropic.AnthropicError):  # not ended: no results_url yet
             list(client.messages.batches.results(batch.id))
         early = c.get(f"/v1/messages/batches/{batch.id}/results", headers=A)
@@ -228,7 +231,8 @@ def test_a_malformed_message_batch_is_refused_in_anthropics_shape(store, body, w
     with client_over(store) as c:
         r = c.post("/v1/messages/batches", json=body, headers=A)
         assert r.status_code == 400, r.text
-        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+        anthropic_spec.assert_valid_error(r.json())
+        assert r.json()["error"]["type"] == "invalid_request_error"
         assert where.split(".")[0].split("[")[0] in r.json()["error"]["message"] or where in r.json()["error"][
             "message"]
         assert store.names("keys") == [] or not store.fs.find(store.root + "/keys")
