@@ -15,6 +15,7 @@ from app.ops.adapter_check import check_adapters
 from app.ops.placement import model_deployment_defaults
 from app.ops.pools import pool_deployment_defaults, pool_deployment_name, pool_plans, single_hosting_defaults
 
+from .batch_runner import runner_actors
 from .chat_processor import ChatProcessor
 from .ingress import GraphIngress, SingleIngress
 from .llama_model import LlamaModel
@@ -52,22 +53,24 @@ def build_graph(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
         for plan in pool_plans(parsed, specs)
     }
     # The processing's deployment holds the Responses store and the tenant ledger, in both shapes.
-    processor = ChatProcessor.options(deployment_actors=processing_actors(parsed))
+    processor = ChatProcessor.options(deployment_actors=processing_actors(parsed, specs))
     processor = processor.bind(specs, models, parsed.limits, parsed.auth, parsed.tracing, pools=pools,
-                               channels=parsed.stream_channels)
+                               channels=parsed.stream_channels, batch=parsed.batch)
     return GraphIngress.bind(processor, specs, parsed.limits, parsed.auth, parsed.tracing,
-                             channels=parsed.stream_channels)
+                             channels=parsed.stream_channels, batch=parsed.batch)
 
 
 def build_single(parsed: AppArgs, specs: list[ModelSpec]) -> Application:
     """One Ingress replica that also renders prompts and runs the models' engines (and each pool's): it reserves
     what their LlamaModel and LlamaPool replicas would."""
     ingress = SingleIngress.options(**single_hosting_defaults(parsed),
-                                    deployment_actors=processing_actors(parsed))
-    return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing, pool_plans(parsed, specs))
+                                    deployment_actors=processing_actors(parsed, specs))
+    return ingress.bind(specs, parsed.limits, parsed.auth, parsed.tracing, pool_plans(parsed, specs),
+                        batch=parsed.batch)
 
 
-def processing_actors(parsed: AppArgs) -> list[Any]:
+def processing_actors(parsed: AppArgs, specs: list[ModelSpec]) -> list[Any]:
     """The deployment actors of the deployment that runs the processing: the Responses store
-    (deployments/response_store.py) and the tenant ledger (deployments/tenant_ledger.py)."""
-    return response_store_actors(parsed.limits) + ledger_actors(parsed.auth)
+    (deployments/response_store.py), the tenant ledger (deployments/tenant_ledger.py) and the batch runner
+    (deployments/batch_runner.py)."""
+    return response_store_actors(parsed.limits) + ledger_actors(parsed.auth) + runner_actors(parsed, specs)

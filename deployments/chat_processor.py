@@ -11,7 +11,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config.app_args import AuthConfig, Limits, TracingConfig
+from app.config.app_args import AuthConfig, BatchConfig, Limits, TracingConfig
 from app.config.spec import ModelSpec, deployment_name
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS
 from app.ops.pools import pool_deployment_name
@@ -20,6 +20,7 @@ from app.serving.processing import Processor
 from app.transport.stream_channels import ChannelRoute
 from app.serving.traced_models import traced_models
 
+from .batch_runner import batch_service
 from .channels import channel_info, served, stream_call
 from .error_mapping import answered, call_mapped
 from .handles import StreamHop, unary
@@ -35,7 +36,8 @@ from .tenant_ledger import tenancy
 class ChatProcessor:
     def __init__(self, specs: list[ModelSpec], models: dict[str, DeploymentHandle], limits: Limits,
                  auth: AuthConfig, tracing_config: TracingConfig | None = None, *,
-                 pools: dict[str, DeploymentHandle] | None = None, channels: bool = True) -> None:
+                 pools: dict[str, DeploymentHandle] | None = None, channels: bool = True,
+                 batch: BatchConfig | None = None) -> None:
         start_replica(tracing_config)
         handles, names = dict(models), {mid: deployment_name(mid) for mid in models}
         for spec in specs:
@@ -51,7 +53,8 @@ class ChatProcessor:
 
         self.processor = Processor(specs, remote, limits, observer=RayRequestObserver(),
                                    per_key_cache=auth.cache_isolation == "per_key", response_store=store,
-                                   tenancy=tenancy(auth), pool_replicas=pool_replicas)
+                                   tenancy=tenancy(auth), pool_replicas=pool_replicas,
+                                   batches=batch_service(batch or BatchConfig()))
 
     # The two verbs, whatever the request asks: Processor dispatches on its type, so a new route adds nothing here.
     async def respond(self, request: Any, caller: Caller) -> Any:

@@ -18,7 +18,9 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config.app_args import AuthConfig, Limits, TracingConfig
+from app.config.app_args import AuthConfig, BatchConfig, Limits, TracingConfig
+from app.generation.caller import Caller
+from app.http.batch_routes import BatchEdge
 from app.config.spec import ModelSpec
 from app.engine.jobs import StatsJob
 from app.http.auth import KeyChecker, load_key_registry, require_keys
@@ -37,9 +39,11 @@ from app.serving.processing import Processing, Processor
 from app.serving.traced import traced_processing
 from app.serving.traced_models import traced_models
 
+from .batch_runner import batch_service, batch_store, max_line_bytes
 from .channels import channel_info
 from .chat_processor import RemoteProcessing
 from .direct_ingress import bind_with_reuse_address
+from .error_mapping import answered
 from .engine_host import EngineHost
 from .metrics import RayRequestObserver
 from .models import LocalModels
@@ -61,7 +65,7 @@ class _Front:
     pool_states: dict[str, str] = {}  # pooled model -> loaded, loading or available, as last refreshed
 
     def _serve(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig, processing: Processing,
-               refresh: Refresh) -> None:
+               refresh: Refresh, batch: BatchConfig | None = None) -> None:
         bind_with_reuse_address()  # before Serve binds this replica's port, once the constructor returns
         keys = load_key_registry(auth.api_keys_env, auth.api_keys_file)
         require_keys(keys, auth.required, auth.api_keys_env, auth.api_keys_file)
@@ -79,6 +83,10 @@ class _Front:
                                        keys=KeyChecker(registry=keys), stream_keepalive_s=limits.stream_keepalive_s,
                                        browser=browser)
         self.node_metrics = NodeMetrics(NodeExport().read, serve.get_replica_context().app_name)
+        batch = batch or BatchConfig()
+        # Uploads, downloads and a Message Batch's body, streamed between the client and the batch store here.
+        self.batch_edge = (BatchEdge(batch_store(batch), batch, max_line_bytes(batch, limits)) if batch.enabled
+                           else None)
 
     async def _pool_states(self) -> dict[str, str]:
         await self.health.get()  # refreshed with the health states, at most once a second
@@ -86,14 +94,16 @@ class _Front:
 
     def __serve_build_asgi_app__(self):
         return build_http_app(self.processing, model_cards(self.specs), self.settings, self.health,
-                              pool_states=self._pool_states, node_metrics=self.node_metrics)
+                              pool_states=self._pool_states, node_metrics=self.node_metrics,
+                              batches=self.batch_edge)
 
 
 @serve.deployment(name="Ingress", **copy.deepcopy(INGRESS_DEFAULTS))
 @serve.ingress()
 class GraphIngress(_Front):
     def __init__(self, processor: DeploymentHandle, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
-                 tracing_config: TracingConfig | None = None, *, channels: bool = True) -> None:
+                 tracing_config: TracingConfig | None = None, *, channels: bool = True,
+                 batch: BatchConfig | None = None) -> None:
         start_replica(tracing_config)
         self.app_name = serve.get_replica_context().app_name
         self.own = [s for s in specs if not s.pool]  # models with a deployment of their own
@@ -104,7 +114,7 @@ class GraphIngress(_Front):
         self.placement = PlacementWatch(self.app_name, self.own)
         processing = traced_processing(RemoteProcessing(processor, self.placement.admit, channels), "ChatProcessor",
                                        TABLE.hop_traced)
-        self._serve(specs, limits, auth, processing, self._states)
+        self._serve(specs, limits, auth, processing, self._states, batch)
 
     async def _states(self) -> dict[str, ModelState]:
         states = await asyncio.to_thread(cluster_model_states, self.app_name, self.own, dict(self.placement.unplaced))
@@ -121,7 +131,8 @@ class GraphIngress(_Front):
 @serve.ingress()
 class SingleIngress(_Front):
     def __init__(self, specs: list[ModelSpec], limits: Limits, auth: AuthConfig,
-                 tracing_config: TracingConfig | None = None, pools: list[PoolPlan] = ()) -> None:
+                 tracing_config: TracingConfig | None = None, pools: list[PoolPlan] = (),
+                 batch: BatchConfig | None = None) -> None:
         start_replica(tracing_config)
         # Each pool's models are served by a PoolManager here (no multiplexing: one replica holds them all).
         self.pools = [LocalPool(plan, [s for s in specs if s.pool == plan.name]) for plan in pools]
@@ -132,8 +143,8 @@ class SingleIngress(_Front):
         store = ActorResponseStore() if store_enabled(limits) else None
         processor = Processor(specs, traced_models(self.models), limits, observer=RayRequestObserver(),
                               per_key_cache=auth.cache_isolation == "per_key", response_store=store,
-                              tenancy=tenancy(auth))
-        self._serve(specs, limits, auth, processor, self._states)
+                              tenancy=tenancy(auth), batches=batch_service(batch or BatchConfig()))
+        self._serve(specs, limits, auth, processor, self._states, batch)
 
     async def _states(self) -> dict[str, ModelState]:
         self.pool_states = {m: s for pool in self.pools for m, s in pool.states().items()}
@@ -142,6 +153,12 @@ class SingleIngress(_Front):
 
     async def _pool_states(self) -> dict[str, str]:
         return {m: s for pool in self.pools for m, s in pool.states().items()}
+
+    async def respond(self, request: Any, caller: Caller) -> Any:
+        """The processing's whole answer over a handle: how the batch runner (deployments/batch_runner.py) sends a
+        line here, where the processing runs in this replica (a refusal answered as a value, as the
+        ChatProcessor's)."""
+        return await answered(self.processing.respond(request, caller))
 
     async def model_stats(self, model_id: str) -> dict[str, Any]:
         """A model's engine stats (running, waiting, slots, steps...): tests and operators."""

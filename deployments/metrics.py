@@ -82,6 +82,10 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
                                       "(idle_unload_s), admin (an unload route), shutdown.", None, ("pool", "model", "reason")),
     "llamaray_pool_load_seconds": ("histogram", "Time to load a pooled model.", _LATENCY_BUCKETS, ("pool",)),
     "llamaray_pool_loaded_models": ("gauge", "Models a pool replica holds (loaded or loading).", None, ("pool",)),
+    "llamaray_batch_lines": ("gauge", "Lines of batch jobs by model: queued (not yet sent) and running (sent, not "
+                             "answered).", None, ("model", "state")),
+    "llamaray_batch_lines_total": ("counter", "Lines of batch jobs answered, by model and outcome (succeeded, "
+                                   "errored).", None, ("model", "outcome")),
     "vllm_num_requests_running": ("gauge", "Requests in the engine's slots (each choice counts).", None, VLLM),
     "vllm_num_requests_waiting": ("gauge", "Requests waiting for a slot.", None, VLLM),
     "vllm_prompt_tokens": ("counter", "Prompt tokens of the requests admitted.", None, VLLM),
@@ -146,6 +150,27 @@ class RayRequestObserver:
                                 ("completion", rec.completion_tokens)):
                 if value:
                     metric("llamaray_tenant_tokens_total").inc(value, {**key, "kind": kind})
+
+
+class BatchMetrics:
+    """The batch runner's events (app/batches/runner.py BatchEvents) as metrics: its lines queued and running per
+    model (gauges kept by the one runner of the app), and answered by outcome."""
+
+    def __init__(self) -> None:
+        self.levels: dict[tuple[str, str], int] = {}
+
+    def _move(self, model: str, state: str, delta: int) -> None:
+        level = self.levels[(model, state)] = self.levels.get((model, state), 0) + delta
+        metric("llamaray_batch_lines").set(level, {"model": model, "state": state})
+
+    def queued(self, model: str, delta: int) -> None:
+        self._move(model, "queued", delta)
+
+    def running(self, model: str, delta: int) -> None:
+        self._move(model, "running", delta)
+
+    def ended(self, model: str, outcome: str) -> None:
+        metric("llamaray_batch_lines_total").inc(1, {"model": model, "outcome": outcome})
 
 
 class TenantMetrics:

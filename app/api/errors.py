@@ -187,7 +187,9 @@ def from_engine_error(exc: EngineError) -> APIError:
     if exc.kind == "not_found":
         return APIError(exc.message, param=param, code=exc.code, status=404, type="invalid_request_error")
     if exc.kind == "overloaded":
-        return overloaded(exc.message)
+        busy = overloaded(exc.message)
+        busy.code = exc.code or busy.code  # a batch line sent back (batch_preempted, batch_deferred) says so
+        return busy
     if exc.kind == "unavailable":
         return service_unavailable(exc.message, code=exc.code or "service_unavailable")
     if exc.kind == "timeout":

@@ -65,3 +65,27 @@ def dumps(value: Any, *, compact: bool = True, ensure_ascii: bool = False, inden
 def dumps_bytes(value: Any) -> bytes:
     """`value` as compact strict JSON, UTF-8: what goes on the wire and into the store."""
     return _WIRE.encode(value).encode("utf-8")
+
+
+MAX_DEPTH = 64  # the deepest nesting a request body (or a batch's line) may have
+
+
+def structure_problem(value: Any, limit: int) -> str | None:
+    """What makes a parsed body unusable, checked in one pass: nesting past `limit`, or a string
+    holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is not text and cannot be encoded."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "The JSON body contains a lone UTF-16 surrogate (e.g. \\ud800), which is not valid text."
+            continue
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return f"The JSON body is nested too deeply (at most {limit} levels)."
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, str)))
+    return None

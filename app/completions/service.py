@@ -215,7 +215,7 @@ class CompletionService:
         plan = await plan_off_loop(self.limits, caller, self.make_plan, req, target.spec, scope, plan_attributes)
         for gen in plan.gens:
             gen.adapters = target.adapters or gen.adapters
-            gen.tenant, gen.weight = caller.tenant, caller.weight
+            gen.tenant, gen.weight, gen.batch = caller.tenant, caller.weight, caller.batch
         return plan
 
     def reply(self, plan: CompletionPlan, stream: bool) -> CompletionReply:

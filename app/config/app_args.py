@@ -163,6 +163,36 @@ class TracingConfig(BaseModel):
         return v
 
 
+class BatchConfig(BaseModel):
+    """Batch jobs (OpenAI's Files and Batches API, Anthropic's Message Batches: app/batches/): where their files
+    and state are kept, what one file and one key may hold, and how the runner sends their lines."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = Field(True, description="serve /v1/files, /v1/batches and /v1/messages/batches")
+    storage: str | None = Field(
+        None, description="where files, batch state and results are kept: a directory or an fsspec URL (s3://, "
+        "gs://...) every node reaches; default $LLAMARAY_BATCH_STORAGE, else ~/.cache/llamaray/batches (one "
+        "machine: a cluster needs a shared one)")
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="largest upload (OpenAI's limit)")
+    max_lines: int = Field(50_000, ge=1, le=10_000_000, description="most requests in one batch (OpenAI's limit)")
+    max_line_bytes: int | None = Field(None, ge=1024, description="largest line of an input file (default: "
+                                       "limits.max_body_bytes, what one request's body may be)")
+    max_open_batches_per_key: int = Field(16, ge=1, description="batches a key may have not yet ended; one more "
+                                          "is a 429")
+    max_files_per_key: int = Field(1000, ge=1, description="files a key may keep; one more upload is a 429")
+    max_bytes_per_key: int = Field(10 * 1024 ** 3, ge=1024, description="what a key's files may take together")
+    lines_per_model: int | None = Field(None, ge=1, description="a model's batch lines in flight at most (default: "
+                                        "its n_seq_max; with topology graph one less, so that an interactive "
+                                        "request always finds room in Serve's queue in front of a replica)")
+    max_attempts: int = Field(5, ge=1, le=100, description="tries of a line that fails with a retryable error "
+                              "(a 5xx; a 429 and a slot given to interactive work are waited out, not counted)")
+    completion_window_s: float = Field(86400.0, gt=0, description="what `completion_window: 24h` gives a batch "
+                                       "before it expires (its finished lines kept)")
+    chunk_lines: int = Field(64, ge=1, le=100_000, description="results written in one atomic chunk at most")
+    chunk_s: float = Field(2.0, gt=0, le=3600, description="a chunk of results written at least this often")
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -172,6 +202,7 @@ class AppArgs(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     model_cache: str | None = Field(None, description="each node's folder for fetched models (default: "
                                     "~/.cache/llamaray/models); $LLAMARAY_MODEL_CACHE in a node's environment wins")
     topology: Literal["graph", "single"] = Field(

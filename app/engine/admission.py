@@ -14,12 +14,21 @@ key waiting (a server without keys: every request's tenant is "") the order is t
 key that used the model in the last minute has nothing running or waiting, one slot is held back from keys
 that already hold one (`held_back`), so its next request starts at once instead of after another key's
 whole generation; a key holding none may still take it.
+
+Batch work (`GenerationRequest.batch`: a line of a batch job, app/batches/) takes only what interactive requests
+leave (`BatchShare`): interactive requests are admitted first, and batch lines only while none waits; batch lines
+hold at most the slots interactive requests did not use in the last `RESERVE_WINDOW_S` seconds (so a client's next
+request finds its slot idle rather than behind a batch line); a running batch line gives its slot up (preempted:
+its generation fails with a retryable 503, its KV kept) to an interactive request that waits for one; and a batch
+line that waited `BATCH_WAIT_S` without a slot goes back to its runner (a 503 too), so it holds no place in a
+queue in front of the engine (Serve's, in the graph) that an interactive request could have had.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from ..tenants.fair_share import fair_order
@@ -125,3 +134,52 @@ def admissible(waiting: Iterable[W], idle: int, now: float, backfill_s: float = 
         elif now - req.queued_at >= backfill_s:
             break  # it waited long enough: the slots that free up from now on are its
     return taken
+
+
+# How long interactive requests' peak demand for slots is kept from batch work: a closed loop of clients (each
+# sending its next request as the previous ends) finds its slots idle, and a burst that came in the last seconds
+# may come again.
+RESERVE_WINDOW_S = 10.0
+# How long a batch line waits in the engine's queue for a slot before it is sent back to its runner.
+BATCH_WAIT_S = 1.0
+
+
+class InteractiveDemand:
+    """The most slots interactive requests held or waited for at once in the last `window_s` seconds."""
+
+    def __init__(self, window_s: float = RESERVE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.peak = 0
+        self.at = float("-inf")
+
+    def update(self, demand: int, now: float) -> int:
+        if demand >= self.peak or now - self.at > self.window_s:
+            self.peak, self.at = demand, now
+        return self.peak
+
+
+@dataclass(frozen=True)
+class BatchShare:
+    """What batch work may take now, given the slots: `admit` batch lines up to that many idle slots; `preempt`
+    running batch lines (their slots go to interactive requests that wait)."""
+
+    admit: int
+    preempt: int
+
+
+def batch_share(slots: int, idle: int, running_batch: int, interactive_waiting: int, reserve: int) -> BatchShare:
+    """`interactive_waiting`: slots interactive requests still wait for after their admission this turn;
+    `reserve`: interactive demand's recent peak (InteractiveDemand), of which at most all slots but one are kept
+    from batch work (a model alone with a batch runs it; nothing waits on an idle engine)."""
+    if interactive_waiting:
+        return BatchShare(0, min(running_batch, max(0, interactive_waiting - idle)))
+    allowance = slots - min(reserve, slots - 1) - running_batch
+    return BatchShare(max(0, min(idle, allowance)), 0)
+
+
+def interactive_first(waiting: Sequence[Q]) -> tuple[list[Q], list[Q]]:
+    """`waiting` split, each part in its order: interactive requests, then batch lines."""
+    interactive, batch = [], []
+    for g in waiting:
+        (batch if g.req.batch else interactive).append(g)
+    return interactive, batch

@@ -38,10 +38,13 @@ from typing import Any
 from ..config.spec import ModelSpec, place
 from . import hardware
 from .adapter_turns import AdapterTurns
-from .admission import BACKFILL_S, RecentTenants, admissible, held_back, in_share_order
+from .admission import (
+    BACKFILL_S, BATCH_WAIT_S, InteractiveDemand, RecentTenants, admissible, batch_share, held_back, in_share_order,
+    interactive_first,
+)
 from .constraint import MaskWorker, grammar_tokenizer
 from .decode_thread import DecodeThread
-from .errors import EngineError, bad_input, internal
+from .errors import EngineError, bad_input, internal, overloaded
 from .events import Event, Failed, Finished, PromptLogprobs, Started, Text, TokenLogprob
 from .intake import Intake
 from ..kvstore.key import scope_digest
@@ -100,6 +103,11 @@ class LlamaEngine(DecodeThread):
         self.backfill_s = BACKFILL_S  # admission.py: how long a blocked request lets smaller ones pass
         self.fair_share = spec.fair_share  # admission.py: keys share the slots by weight when they compete
         self._recent = RecentTenants()  # admission.py: the keys that used the model lately
+        self._demand = InteractiveDemand()  # admission.py: the slots interactive requests used lately
+        self._preempting: list[Slot] = []  # batch lines whose slots interactive requests wait for
+        self._deferred: list[Generation] = []  # batch lines that waited too long, out of the queue
+        self.batch_preempted = 0
+        self.batch_deferred = 0
         self.slots = [Slot(i) for i in range(spec.n_seq_max)]
         self.intake = Intake(spec, self.llama, self.projector, len(self.slots))
         # Prompt tokens per second this replica prefills (a moving average): whether reading a stored prefix beats
@@ -224,7 +232,8 @@ class LlamaEngine(DecodeThread):
             gone = self.adapters.gone(gen.adapters)
             if gone is None and self.broken is None:
                 gen.queued_at = time.monotonic()
-                self._recent.saw(gen.req.tenant, gen.queued_at)
+                if not gen.req.batch:  # a batch line holds no slot back for its key (admission.py)
+                    self._recent.saw(gen.req.tenant, gen.queued_at)
                 self._enqueue(gen)
                 return
         gen.free()
@@ -242,6 +251,8 @@ class LlamaEngine(DecodeThread):
                     **self.placement.stats(),
             "prefill_tokens_per_s": round(self.prefill_rate, 1),
                     "adapters": sorted(self.adapters.loaded), "adapter_switches": self.adapters.switches,
+                    "batch_running": sum(s.gen is not None and s.gen.req.batch for s in self.slots),
+                    "batch_preempted": self.batch_preempted, "batch_deferred": self.batch_deferred,
                     **(self.speculation.stats() if self.speculation is not None else
                        {"spec_decode": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}}),
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
@@ -289,11 +300,20 @@ class LlamaEngine(DecodeThread):
                 cancelled, self._cancelled = self._cancelled, set()
                 dropped = self._unqueue(cancelled)
                 self._admitting = self._take_admissible()
+                if self._preempting:  # their slots are free at once: the requests that wait for them go in now
+                    self._preempt_batch(self._preempting)
+                    self._admitting += self._take_admissible()
+                deferred, self._deferred = self._deferred, []
                 unused = self.adapters.unused_retired(
                     (*self._waiting, *self._admitting, *(s.gen for s in self.slots if s.gen)))
             # Without the lock from here: KV edits, copies and saves never hold up the callers.
             for gen in dropped:
                 gen.free()
+            for gen in deferred:
+                gen.free()
+                self._out(gen, Failed(overloaded(
+                    "This batch line waited for a slot the model's interactive requests kept; it goes back to its "
+                    "batch, to be sent again.", code="batch_deferred")))
             self._release_cancelled(cancelled)
             self.adapters.free(unused)
             self._admit(self._admitting)
@@ -334,12 +354,13 @@ class LlamaEngine(DecodeThread):
                 self._release(slot, keep_cache=False)
 
     def _take_admissible(self) -> list[Generation]:
-        """Waiting requests that idle slots can take now, out of the queue (under the lock)."""
+        """Waiting requests that idle slots can take now, out of the queue (under the lock): interactive requests
+        first, then batch lines in what they leave (admission.py, `batch_share`); the batch lines whose slots
+        interactive requests wait for go in `_preempting`, those that waited too long in `_deferred`."""
+        self._preempting = []
         if not self._waiting:
             return []
         idle = sum(slot.state is SlotState.IDLE for slot in self.slots)
-        if not idle:
-            return []
         now, waiting = time.monotonic(), self._waiting
         held, reserve = Counter(), 0
         if self.fair_share:
@@ -348,11 +369,50 @@ class LlamaEngine(DecodeThread):
             # A slot kept from keys already running something, for a key that used the model lately and is not in
             # line now (it may be back any moment).
             reserve = held_back(self._recent.recent(now), held, waiting, len(self.slots))
-        taken = admissible(waiting, idle, now, self.backfill_s, reserve=reserve, tenant_of=_TENANT, holding=held)
+        interactive, batch = interactive_first(waiting)
+        taken = admissible(interactive, idle, now, self.backfill_s, reserve=reserve, tenant_of=_TENANT,
+                           holding=held) if interactive and idle else []
+        idle -= sum(g.slots_needed for g in taken)
+        if batch or any(s.gen is not None and s.gen.req.batch for s in self.slots):
+            running_batch = [s for s in self.slots if s.gen is not None and s.gen.req.batch]
+            chosen_now = set(map(id, taken))
+            still = sum(g.slots_needed for g in interactive if id(g) not in chosen_now)
+            interactive_held = sum(s.gen is not None and not s.gen.req.batch for s in self.slots)
+            peak = self._demand.update(interactive_held + sum(g.slots_needed for g in interactive), now)
+            share = batch_share(len(self.slots), idle, len(running_batch), still, peak)
+            if share.preempt:
+                # The lines that have generated least lose least.
+                running_batch.sort(key=lambda s: s.gen.generated)
+                self._preempting = running_batch[:share.preempt]
+            if share.admit and batch:
+                taken += admissible(batch, share.admit, now, self.backfill_s)
+            chosen_now = set(map(id, taken))
+            self._deferred = [g for g in batch if id(g) not in chosen_now and now - g.queued_at >= BATCH_WAIT_S]
+            if self._deferred:
+                self.batch_deferred += len(self._deferred)
+                chosen_now |= set(map(id, self._deferred))
+                self._waiting = deque(g for g in self._waiting if id(g) not in chosen_now)
+                return taken
         if taken:
             chosen = set(map(id, taken))
             self._waiting = deque(g for g in self._waiting if id(g) not in chosen)
         return taken
+
+    def _preempt_batch(self, slots: list[Slot]) -> None:
+        """Batch lines out of their slots for interactive requests that wait (on the decode thread, under the lock:
+        no KV is edited, the slots keep what they hold for a later prompt): each fails with a retryable 503 that
+        sends it back to its batch."""
+        for slot in slots:
+            gen = slot.gen
+            choices = self._take_choices(gen)
+            self._release(slot, keep_cache=True)
+            for choice in choices:
+                self._release(self.slots[choice.slot], keep_cache=True)
+            self.batch_preempted += 1
+            self._out(gen, Failed(overloaded(
+                "This batch line gave its slot to an interactive request; it goes back to its batch, to be sent "
+                "again.", code="batch_preempted")))
+        self._preempting = []
 
     def _admit(self, admitted: list[Generation]) -> None:
         """Requests taken out of the queue into idle slots (enough of them were counted): the first

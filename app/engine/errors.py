@@ -75,6 +75,11 @@ def unavailable(message: str, code: str = "engine_unavailable") -> EngineError:
     return EngineError("unavailable", message, code=code)
 
 
+def overloaded(message: str, code: str = "overloaded") -> EngineError:
+    """The engine will not run the request now (its slots went to others); the same request later may run."""
+    return EngineError("overloaded", message, code=code)
+
+
 def internal(message: str, code: str = "internal_error", logged: bool = True) -> EngineError:
     """The engine failed on this request (llama.cpp refused a batch, the projector failed): not the client's
     doing. Logged with its cause where it is made, by default."""

@@ -119,6 +119,9 @@ class GenerationRequest:
     # name ("" for a server without keys) and its priority's weight.
     tenant: str = ""
     weight: float = 1.0
+    # A line of a batch job (app/batches/): it takes only the slots interactive requests leave, and gives its slot
+    # up to one that waits (app/engine/admission.py, BatchShare).
+    batch: bool = False
     # Speculative decoding where the model has it on (ModelConfig.speculative): False turns it off for this
     # request; spec_n_max / spec_n_min replace the model's n_max / n_min (llama-server's speculative.n_max/n_min).
     speculative: bool = True

@@ -14,11 +14,15 @@ class Caller:
     """`key_id`: a short digest of the API key the request authenticated with; None when the server runs
     without keys (or the route is open). `traceparent`: W3C trace context of the request's span at the
     Ingress, which the processing's spans join (None when not traced). `policy`: the key's policy (its
-    tenant's name, limits and priority: app/tenants/policies.py); None without keys."""
+    tenant's name, limits and priority: app/tenants/policies.py); None without keys. `batch`: the batch runner
+    sends it, for the key that owns the batch."""
 
     key_id: str | None = None
     traceparent: str | None = None
     policy: KeyPolicy | None = None
+    # Batch work (a line of a batch job, app/batches/): its generations take only the slots interactive requests
+    # leave, and its usage is counted as batch usage.
+    batch: bool = False
 
     @classmethod
     def with_key(cls, key: bytes, policy: KeyPolicy | None = None) -> "Caller":

@@ -67,7 +67,7 @@ class GenerationCore:
         if target.adapters:
             plan.gen.adapters = target.adapters  # a continuation round copies plan.gen, adapters included
         plan.gen.images = await load_images(plan.req, self.limits, caller.tenant)
-        plan.gen.tenant, plan.gen.weight = caller.tenant, caller.weight
+        plan.gen.tenant, plan.gen.weight, plan.gen.batch = caller.tenant, caller.weight, caller.batch
         return plan
 
     def reader(self, plan: GenerationPlan) -> ReplyReader:

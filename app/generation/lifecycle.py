@@ -99,7 +99,7 @@ async def pooled_request(observer: RequestObserver, protocol: str, model: str, l
         return RequestRecord(model=model, stream=False, status=status, error_code=code,
                              duration_s=time.monotonic() - started, ttft_s=None, itl_s=None,
                              prompt_tokens=done[0].prompt_tokens if done else 0, completion_tokens=0,
-                             cached_tokens=0, protocol=protocol, tenant=caller.tenant)
+                             cached_tokens=0, protocol=protocol, tenant=caller.tenant, batch=caller.batch)
 
     with recording(observer, record):
         try:
@@ -159,7 +159,9 @@ class Lifecycle(Generic[RequestT, PlanT, ReplyT]):
     def _record(self, target: Target, reply: ReplyT, stream: bool, failure: BaseException | None,
                 caller: Caller) -> RequestRecord:
         rec = reply.record(self.service.protocol, stream, failure)
-        return replace(rec, adapter=target.label, tenant=caller.tenant) if target.label or caller.tenant else rec
+        if target.label or caller.tenant or caller.batch:
+            return replace(rec, adapter=target.label, tenant=caller.tenant, batch=caller.batch)
+        return rec
 
     async def complete(self, req: RequestT, caller: Caller = ANONYMOUS) -> dict[str, Any]:
         service = self.service

@@ -22,6 +22,7 @@ from ..api.errors import APIError, forbidden, not_found
 from ..observe import tracing
 from ..serving.health import HealthCache
 from ..serving.processing import Processing
+from .batch_routes import BatchEdge
 from .browser_guard import AllowedOriginsCORS, BrowserGuardMiddleware
 from .endpoints import Endpoints, ServerSettings, all_ready
 from .errors import error_response
@@ -68,14 +69,16 @@ def _endpoint(api: Endpoints, lines: dict[str, Route]) -> Callable[[Request], Aw
 
 def build_http_app(processing: Processing, models: list[ModelCard], settings: ServerSettings | None = None,
                    health: HealthCache | None = None, pool_states: PoolStates | None = None,
-                   routes: RouteTable = TABLE, node_metrics: NodeMetrics | None = None) -> Starlette:
+                   routes: RouteTable = TABLE, node_metrics: NodeMetrics | None = None,
+                   batches: BatchEdge | None = None) -> Starlette:
     """The app over `processing`. `health`: where /health reads the models' states (None: every model is
     reported ready, for an app with no models of its own to watch). `pool_states`: each pooled model's state
     (loaded, loading, available) for /v1/models. `routes`: the route table (app/http/routes.py) it serves.
-    `node_metrics`: where /metrics reads the node's metrics (None: a 404)."""
+    `node_metrics`: where /metrics reads the node's metrics (None: a 404). `batches`: the batch routes' byte
+    streams over the batch store (None: batch jobs are off)."""
     settings = settings or ServerSettings()
     health = health or HealthCache(all_ready(models), [m.id for m in models])
-    api = Endpoints(processing, health, models, settings, routes, pool_states, node_metrics)
+    api = Endpoints(processing, health, models, settings, routes, pool_states, node_metrics, batches)
     # One Starlette route per path, so that a method it lacks gets 405 with every method it has in `Allow`.
     starlette_routes = [StarletteRoute(path, _endpoint(api, lines), methods=list(lines))
                         for path, lines in routes.by_path.items()]

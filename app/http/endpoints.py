@@ -19,6 +19,7 @@ from ..serving.processing import Processing
 from ..serving.reply_headers import WithHeaders, split_headers
 from ..tenants.prep_pool import PREPARATION
 from .auth import KeyChecker
+from .batch_routes import BatchEdge
 from .browser_guard import BrowserPolicy
 from .errors import error_event, error_response
 from .json_body import JSONBody
@@ -59,8 +60,9 @@ class Endpoints:
 
     def __init__(self, processing: Processing, health: HealthCache, models: list[ModelCard],
                  settings: ServerSettings, table: RouteTable, pool_states: PoolStates | None = None,
-                 node_metrics: NodeMetrics | None = None) -> None:
+                 node_metrics: NodeMetrics | None = None, batches: BatchEdge | None = None) -> None:
         self.processing = processing
+        self.batches = batches
         self.pool_states = pool_states
         self.node_metrics = node_metrics
         self.health_cache = health
@@ -98,6 +100,40 @@ class Endpoints:
         try:
             req = route.parse(request)
             return json_answer(await self.processing.respond(req, caller_of(request) or ANONYMOUS))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    # -- the batch routes' byte streams (app/http/batch_routes.py) ------------------------------------------------
+    def _batch_edge(self) -> BatchEdge:
+        if self.batches is None:
+            raise not_found("Batch jobs are off on this server (batch.enabled: false).")
+        return self.batches
+
+    async def upload_file(self, request: Request, route: Route) -> Response:
+        """`POST /v1/files`: a multipart upload streamed to the batch store."""
+        try:
+            record = await self._batch_edge().upload(request, caller_of(request) or ANONYMOUS)
+            return JSONBody(record.to_openai())
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def file_content(self, request: Request, route: Route) -> Response:
+        try:
+            return await self._batch_edge().content(request, caller_of(request) or ANONYMOUS)
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def create_message_batch(self, request: Request, route: Route) -> Response:
+        try:
+            edge = self._batch_edge()
+            return json_answer(await edge.create_message_batch(request, caller_of(request) or ANONYMOUS,
+                                                               self.processing.respond))
+        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
+            return error_response(exc, route.errors, request.scope)
+
+    async def message_batch_results(self, request: Request, route: Route) -> Response:
+        try:
+            return await self._batch_edge().message_batch_results(request, caller_of(request) or ANONYMOUS)
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors, request.scope)
 
@@ -141,11 +177,12 @@ class Endpoints:
             card = self.cards.get(model_id)
             return card is not None and card.allowed(policy)
 
+        names_model = hasattr(req, "model")  # a batch's creation names none: its lines do (app/batches/validation.py)
         if route.resolve is not None:
             req = route.resolve(req, known)
-        elif req.model is None:  # a route that may leave it out (/infill, as editors call llama-server)
+        elif names_model and req.model is None:  # a route that may leave it out (/infill, as editors call llama-server)
             req = req.model_copy(update={"model": self._only_chat_model(request)})
-        if not known(req.model):
+        if names_model and not known(req.model):
             raise model_not_found(req.model)
         if getattr(req, "stream_options", None) is not None and not req.stream:
             raise invalid_request("`stream_options` is only allowed when `stream` is true.", param="stream_options")

@@ -106,6 +106,54 @@ ADMIN_MODELS = {"operationId": "listPooledModels", "responses": {
     "401": _ERROR, "403": _ERROR, "503": _ERROR}}
 
 
+
+
+def operation(operation_id: str, description: str, *, path: tuple[str, ...] = (), query: tuple[str, ...] = (),
+              body: dict[str, Any] | None = None, media: str = "application/json",
+              errors: tuple[int, ...] = (401, 404)) -> dict[str, Any]:
+    """A route's operation written out (the batch routes: path and query parameters, a body that is not a
+    pydantic model's)."""
+    parameters = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in path]
+    parameters += [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}} for n in query]
+    out: dict[str, Any] = {"operationId": operation_id, "responses": {
+        "200": {"description": description, "content": {media: {"schema": {"type": "object"} if media ==
+                                                                "application/json" else {"type": "string"}}}},
+        **{str(code): _ERROR for code in errors}}}
+    if parameters:
+        out["parameters"] = parameters
+    if body is not None:
+        out["requestBody"] = {"required": True, "content": body}
+    return out
+
+
+_MULTIPART = {"multipart/form-data": {"schema": {"type": "object", "required": ["file", "purpose"], "properties": {
+    "file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}}}}}
+_JSON_OBJECT = {"application/json": {"schema": {"type": "object"}}}
+# The batch routes (app/batches/, app/http/batch_routes.py): files, OpenAI's batches, Anthropic's Message Batches.
+UPLOAD_FILE = operation("createFile", "The file object (`purpose: batch`), streamed to the batch store",
+                        body=_MULTIPART, errors=(400, 401, 413, 415, 429))
+LIST_FILES = operation("listFiles", "The key's files", query=("purpose", "limit", "order", "after"))
+GET_FILE = operation("retrieveFile", "The file object", path=("file_id",))
+DELETE_FILE = operation("deleteFile", "`{id, object: file, deleted: true}`", path=("file_id",), errors=(401, 404, 409))
+FILE_CONTENT = operation("downloadFile", "The file's bytes (a batch's output and error files: JSON lines)",
+                         path=("file_id",), media="application/octet-stream")
+CREATE_BATCH = operation("createBatch", "The batch, `validating`", body=_JSON_OBJECT, errors=(400, 401, 404, 429))
+LIST_BATCHES = operation("listBatches", "The key's batches, newest first", query=("after", "limit"))
+GET_BATCH = operation("retrieveBatch", "The batch, with its `request_counts` so far", path=("batch_id",))
+CANCEL_BATCH = operation("cancelBatch", "The batch, `cancelling`", path=("batch_id",), errors=(401, 404, 409))
+CREATE_MESSAGE_BATCH = operation("createMessageBatch", "Anthropic's `message_batch`", body=_JSON_OBJECT,
+                                 errors=(400, 401, 413, 429))
+LIST_MESSAGE_BATCHES = operation("listMessageBatches", "The key's Message Batches, newest first",
+                                 query=("after_id", "before_id", "limit"))
+GET_MESSAGE_BATCH = operation("retrieveMessageBatch", "Anthropic's `message_batch`", path=("message_batch_id",))
+DELETE_MESSAGE_BATCH = operation("deleteMessageBatch", "`{id, type: message_batch_deleted}`",
+                                 path=("message_batch_id",), errors=(400, 401, 404))
+CANCEL_MESSAGE_BATCH = operation("cancelMessageBatch", "Anthropic's `message_batch`, `canceling`",
+                                 path=("message_batch_id",), errors=(401, 404, 409))
+MESSAGE_BATCH_RESULTS = operation("messageBatchResults", "Each request's result, one JSON line each",
+                                  path=("message_batch_id",), media="application/x-jsonl")
+
+
 class DocumentedRoute(Protocol):
     path: str
     method: str

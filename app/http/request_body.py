@@ -26,28 +26,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-MAX_JSON_DEPTH = 64
-
-
-def _structure_problem(value: Any, limit: int) -> str | None:
-    """What makes a parsed body unusable, checked in one pass: nesting past `limit`, or a string
-    holding a lone UTF-16 surrogate (JSON's "\\ud800" escape), which is not text and cannot be encoded."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
-            if not node.isascii():
-                try:
-                    node.encode("utf-8")
-                except UnicodeEncodeError:
-                    return "The JSON body contains a lone UTF-16 surrogate (e.g. \\ud800), which is not valid text."
-            continue
-        if isinstance(node, (dict, list)):
-            if depth > limit:
-                return f"The JSON body is nested too deeply (at most {limit} levels)."
-            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, str)))
-    return None
+MAX_JSON_DEPTH = strict_json.MAX_DEPTH
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -67,7 +46,7 @@ async def read_json(request: Request, limit: int) -> Any:
             f"We could not parse the JSON body of your request: {exc}. "
             "The body must be valid JSON (Content-Type: application/json)."
         ) from None
-    problem = _structure_problem(value, MAX_JSON_DEPTH)
+    problem = strict_json.structure_problem(value, MAX_JSON_DEPTH)
     if problem:
         raise invalid_request(problem)
     return value

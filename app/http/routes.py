@@ -23,6 +23,10 @@ from ..api.embeddings import EmbeddingRequest
 from ..api.errors import error_body, invalid_request
 from ..api.infill import InfillRequest
 from ..api.rerank import RerankRequest
+from ..batches.schemas import (
+    BatchRequest, CancelBatchRequest, CreateBatchRequest, DeleteBatchRequest, DeleteFileRequest, FileRequest,
+    ListBatchesRequest, ListFilesRequest, parse_create_batch,
+)
 from ..api.schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse_chat_request, parse_request,
 )
@@ -39,6 +43,8 @@ from ..ollama_api.schemas import (
 )
 from ..pools.admin import LoadModelRequest, PinModelRequest, PoolModelsRequest, UnloadModelRequest
 from ..serving.tenancy import UsageRequest
+from . import batch_routes as batches
+from . import openapi as docs
 from .ndjson import NDJSON
 from .openapi import (
     ADMIN_MODELS, DELETE_RESPONSE, GET_RESPONSE, HEALTH, LIST_MODELS, METRICS, OLLAMA_PS, OLLAMA_TAGS, OLLAMA_VERSION,
@@ -57,6 +63,11 @@ class Handler(Enum):
     GENERATE = "generate"  # a JSON body: the whole answer, or an SSE stream when the request asks to `stream`
     ANSWER = "answer"  # a JSON body: the whole answer
     FROM_PATH = "from_path"  # the request is made from the path (and query): the whole answer
+    # The batch routes' byte streams, which never cross a Ray hop (app/http/batch_routes.py)
+    UPLOAD_FILE = "upload_file"
+    FILE_CONTENT = "file_content"
+    CREATE_MESSAGE_BATCH = "create_message_batch"
+    MESSAGE_BATCH_RESULTS = "message_batch_results"
     LIST_MODELS = "list_models"  # the rest the Ingress answers itself
     GET_MODEL = "get_model"
     HEALTH = "health"
@@ -119,7 +130,7 @@ _COUNTED = "`input_tokens`: the request's prompt, counted"
 _POOLED = ("The model's `state` (loaded, loading, available), `pinned`, and `replicas`: each replica holding it, with "
            "its state and pin")
 _ADMIN_ERRORS = (403, 409)
-G, A, H = Handler.GENERATE, Handler.ANSWER, Trace.HOPS
+G, A, H, P = Handler.GENERATE, Handler.ANSWER, Trace.HOPS, Handler.FROM_PATH
 OLLAMA_PREFIX = "/api/"
 _OLLAMA = {"errors": ollama_error_body, "resolve": resolve_request}
 _NDJSON = functools.partial(Framing, NDJSON)
@@ -165,6 +176,30 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/messages/count_tokens", "POST", A, CountTokensRequest, parse_count_tokens_request,
           anthropic_error_body, Trace.INGRESS, doc=Doc("countMessageTokens", _COUNTED, "CountMessageTokensRequest")),
     Route("/v1/usage", "GET", Handler.FROM_PATH, UsageRequest, lambda request: UsageRequest(), doc=USAGE),
+    # Batch jobs (app/batches/): files, OpenAI's batches, Anthropic's Message Batches. The byte streams (an upload,
+    # a file's content, a Message Batch's body and results) the Ingress handles itself; the rest is the processing's.
+    Route("/v1/files", "POST", Handler.UPLOAD_FILE, doc=docs.UPLOAD_FILE),
+    Route("/v1/files", "GET", P, ListFilesRequest, batches.list_files_request, doc=docs.LIST_FILES),
+    Route("/v1/files/{file_id}", "GET", P, FileRequest, batches.file_request, doc=docs.GET_FILE),
+    Route("/v1/files/{file_id}", "DELETE", P, DeleteFileRequest, batches.delete_file_request, doc=docs.DELETE_FILE),
+    Route("/v1/files/{file_id}/content", "GET", Handler.FILE_CONTENT, doc=docs.FILE_CONTENT),
+    Route("/v1/batches", "POST", A, CreateBatchRequest, parse_create_batch, doc=docs.CREATE_BATCH),
+    Route("/v1/batches", "GET", P, ListBatchesRequest, batches.list_batches_request, doc=docs.LIST_BATCHES),
+    Route("/v1/batches/{batch_id}", "GET", P, BatchRequest, batches.batch_request, doc=docs.GET_BATCH),
+    Route("/v1/batches/{batch_id}/cancel", "POST", P, CancelBatchRequest, batches.cancel_batch_request,
+          doc=docs.CANCEL_BATCH),
+    Route("/v1/messages/batches", "POST", Handler.CREATE_MESSAGE_BATCH, errors=anthropic_error_body,
+          doc=docs.CREATE_MESSAGE_BATCH),
+    Route("/v1/messages/batches", "GET", P, ListBatchesRequest, batches.list_message_batches_request,
+          anthropic_error_body, doc=docs.LIST_MESSAGE_BATCHES),
+    Route("/v1/messages/batches/{message_batch_id}", "GET", P, BatchRequest, batches.message_batch_request,
+          anthropic_error_body, doc=docs.GET_MESSAGE_BATCH),
+    Route("/v1/messages/batches/{message_batch_id}", "DELETE", P, DeleteBatchRequest,
+          batches.delete_message_batch_request, anthropic_error_body, doc=docs.DELETE_MESSAGE_BATCH),
+    Route("/v1/messages/batches/{message_batch_id}/cancel", "POST", P, CancelBatchRequest,
+          batches.cancel_message_batch_request, anthropic_error_body, doc=docs.CANCEL_MESSAGE_BATCH),
+    Route("/v1/messages/batches/{message_batch_id}/results", "GET", Handler.MESSAGE_BATCH_RESULTS,
+          errors=anthropic_error_body, doc=docs.MESSAGE_BATCH_RESULTS),
     Route("/v1/models", "GET", Handler.LIST_MODELS, doc=LIST_MODELS),
     Route("/v1/models/{model_id:path}", "GET", Handler.GET_MODEL, doc=RETRIEVE_MODEL),
     Route("/health", "GET", Handler.HEALTH, doc=HEALTH),

@@ -16,7 +16,7 @@ from ..api.errors import APIError, as_api_error
 log = logging.getLogger("llamaray.refusals")
 
 # 503s the server chose because it is busy: a client's retry is the answer, an operator's attention is not.
-BUSY_CODES = frozenset({"overloaded"})
+BUSY_CODES = frozenset({"overloaded", "batch_preempted", "batch_deferred", "pool_busy_for_batch"})
 
 
 def is_refusal(exc: BaseException | None) -> bool:

@@ -23,6 +23,7 @@ class RequestRecord:
     finish_reason: str | None = None  # the (first) choice's, when it finished
     adapter: str = ""           # the LoRA adapters it decoded under (names, comma-separated); "" the base model
     tenant: str = ""            # the name of the key it was sent with (app/tenants/policies.py); "" without keys
+    batch: bool = False         # a line of a batch job (app/batches/), run at the lowest priority
 
 
 class RequestObserver(Protocol):

@@ -126,10 +126,13 @@ def to_chat_request(req: OllamaChatRequest | OllamaGenerateRequest, sampling: Sa
 
 
 def to_completion_request(req: OllamaGenerateRequest, sampling: Sampling) -> CompletionRequest:
-    """The legacy completion a `raw: true` /api/generate request means: its prompt as it is. No default cut at 16
-    tokens (OpenAI's): without `num_predict`, the model's default_max_tokens, else up to the context."""
+    """The legacy completion a `raw: true` /api/generate request means: its prompt as it is; with a `suffix`, the
+    insertion between the two. No default cut at 16 tokens (OpenAI's): without `num_predict`, the model's
+    default_max_tokens, else up to the context."""
     body: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "stream": req.stream, "max_tokens": None,
                             **sampling.request_fields()}
+    if req.suffix:
+        body["suffix"] = req.suffix
     try:
         return CompletionRequest.model_validate(body)
     except ValidationError as exc:

@@ -4,8 +4,8 @@ the bodiless `/api/tags`, `/api/ps`, `/api/version`.
 Strict: an unknown field or a value of the wrong JSON type is a 400 naming it (Ollama's server ignores unknown
 fields; here a field that would change the answer must not be dropped). What Ollama has and this server cannot do
 is a 400 that says so: image generation (`width`, `height`, `steps`), a Go `template` override (the model's chat
-template is its GGUF's), `context` token lists (send the conversation to /api/chat), `logprobs`, and `suffix`
-(fill-in-the-middle needs the model's FIM tokens, which this branch does not drive yet).
+template is its GGUF's), `context` token lists (send the conversation to /api/chat) and `logprobs`. `suffix` on
+/api/generate is fill-in-the-middle from the GGUF's own FIM tokens, as `suffix` on /v1/completions.
 
 Each request names its model as the client sent it; the Ingress resolves it to a configured id
 (app/ollama_api/names.py) before anything else reads it, and the client's spelling is what replies echo."""
@@ -116,7 +116,12 @@ class OllamaGenerateRequest(_Generating):
 
     @property
     def loads_only(self) -> bool:
-        return not self.prompt and not self.system and not self.images
+        return not self.prompt and not self.system and not self.images and not self.suffix
+
+    @property
+    def completes(self) -> bool:
+        """Whether it is a legacy completion (no template): `raw`, or an insertion between `prompt` and `suffix`."""
+        return self.raw or bool(self.suffix)
 
 
 class OllamaEmbedRequest(_Named):
@@ -171,7 +176,6 @@ class OllamaVersionRequest:
 # ---- reading a body -----------------------------------------------------------------------------------------
 
 _GENERATE_REFUSED = {
-    "suffix": "`suffix` (fill-in-the-middle) is not supported on this server yet; send the prompt alone",
     "template": "`template` is not supported: the model's chat template is its GGUF's (send `raw: true` with a "
                 "prompt you templated yourself)",
     "context": "`context` is not supported: send the conversation to /api/chat instead",
@@ -205,6 +209,10 @@ def parse_generate(payload: Any) -> OllamaGenerateRequest:
         raise _refuse("images", "`images` need the model's template: send them without `raw`")
     if req.raw and req.system:
         raise _refuse("system", "`system` needs the model's template: with `raw`, write it into the prompt")
+    if req.suffix and (req.images or req.system):
+        field = "images" if req.images else "system"
+        raise _refuse(field, f"`{field}` cannot go with `suffix`: an insertion's prompt is the model's "
+                             "fill-in-the-middle layout of `prompt` and `suffix` alone")
     _check_generating(req)
     return req
 

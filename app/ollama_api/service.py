@@ -1,7 +1,8 @@
 """/api/chat and /api/generate as adapters of the generation core (app/generation/core.py), as the Messages API
 is: a request is mapped onto the chat request it means (mapping.py), planned, generated and read by the core, and
 what was read is shaped as Ollama's records (shaping.py). `raw: true` on /api/generate is a legacy completion (the
-prompt as it is: the completions service's planning and events) shaped the same way. A request that only loads its
+prompt as it is: the completions service's planning and events) shaped the same way, and so is one with a `suffix`
+(fill in the middle: the completions service lays out the model's FIM tokens). A request that only loads its
 model (no prompt, no messages) is answered by `keep_alive` (keep_alive.py) without generating."""
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class _Turns:
 
 
 class _RawGenerations:
-    """The lifecycle's `Generating` for `raw: true`: the completions service's planning (no template) and events."""
+    """The lifecycle's `Generating` for `raw: true` and `suffix`: the completions service's planning (no template;
+    a `suffix` in the model's fill-in-the-middle layout) and events."""
 
     protocol = PROTOCOL
 
@@ -152,7 +154,7 @@ class OllamaService:
         self.raw = Lifecycle(_RawGenerations(completions, limits, per_key_cache), observer)
 
     def _lifecycle(self, req: _Generating) -> Lifecycle[Any, Any, Any]:
-        return self.raw if isinstance(req, OllamaGenerateRequest) and req.raw else self.turns
+        return self.raw if isinstance(req, OllamaGenerateRequest) and req.completes else self.turns
 
     def _loads_only(self, req: _Generating) -> bool:
         return not req.messages if isinstance(req, OllamaChatRequest) else req.loads_only  # type: ignore[attr-defined]

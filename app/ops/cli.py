@@ -1,6 +1,6 @@
 """`llamaray` command: render the local config from serve_config.yaml + an overlay, and check a whole
 serve config (args the way the builder will, deployment blocks against the models, and optionally the
-node types of a cluster file), with one line per problem."""
+node types of a cluster file), with one line per problem; a server's batch jobs (`llamaray batches`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from . import batches_cli
 from .capacity import Capacity, cluster_capacity, local_node
 from .config_check import LOOPBACK, check_config
 from .config_overlay import merge, without_unused_deployments
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                                            "the shell's history) for a keys file's `key_sha256`; --new NAME makes "
                                            "a random key and prints it once with its keys-file entry")
     keys.add_argument("--new", metavar="NAME", help="the tenant name of a new key")
+    batches_cli.add_parser(sub)
     ns = parser.parse_args(argv)
+
+    if ns.cmd == "batches":
+        return batches_cli.run(ns)
 
     if ns.cmd == "hash-key":
         return hash_key(ns.new)

@@ -18,7 +18,8 @@ class PooledHost:
         self.model_id = model_id
 
     async def generate(self, request: Any, *, bounded: bool = False) -> AsyncIterator[Any]:
-        async with self.pool.use(self.model_id) as host:
+        # A batch line (GenerationRequest.batch) loads its model only into room, never evicting another.
+        async with self.pool.use(self.model_id, evict=not getattr(request, "batch", False)) as host:
             async for batch in host.generate(request, bounded=bounded):
                 yield batch
 

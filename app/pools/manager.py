@@ -93,12 +93,14 @@ class PoolManager(Generic[Host]):
     # ---- using a model -----------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def use(self, model_id: str) -> AsyncIterator[Host]:
-        """The model's host, loaded first when it is not; held (never evicted) until the block ends."""
+    async def use(self, model_id: str, *, evict: bool = True) -> AsyncIterator[Host]:
+        """The model's host, loaded first when it is not; held (never evicted) until the block ends. `evict`
+        False (batch work): a model that would need another unloaded to fit is not loaded (a 503
+        `pool_busy_for_batch` the batch runner retries later): batch lines load a model only into room."""
         if model_id not in self.plan.needs:
             raise model_not_found(model_id)
         self._start_reaper()
-        entry = self.entries.get(model_id) or self._begin_load(model_id)
+        entry = self.entries.get(model_id) or self._begin_load(model_id, evict)
         entry.active += 1
         entry.last_used = self._clock()
         try:
@@ -112,7 +114,7 @@ class PoolManager(Generic[Host]):
             entry.active -= 1
             entry.last_used = self._clock()
 
-    def _begin_load(self, model_id: str) -> _Entry[Host]:
+    def _begin_load(self, model_id: str, evict: bool = True) -> _Entry[Host]:
         """Make room and start loading `model_id` (no await between the checks and the entry's insertion)."""
         self._refuse_failed(model_id)
         need, budget = self.plan.needs.get(model_id, 0), self.plan.budget_bytes
@@ -121,6 +123,10 @@ class PoolManager(Generic[Host]):
                 f"model {model_id!r} needs {mib(need)} (its GGUF plus its KV cache), more than pool "
                 f"{self.plan.name!r}'s memory budget of {mib(budget)} (memory_budget_mib)", code="model_too_large")
         while len(self.entries) >= self.plan.max_models or (budget is not None and self.used_bytes() + need > budget):
+            if not evict:
+                raise APIError(f"pool {self.plan.name!r} has no room for model {model_id!r} without unloading "
+                               "another: batch work waits for room", status=503, type="server_error",
+                               code="pool_busy_for_batch", headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
             victim = self._lru_idle()
             if victim is None:
                 busy = ", ".join(sorted(self.entries))

@@ -37,6 +37,7 @@ from ..openai_responses.store import BoundedResponseStore, ResponseStore
 from ..pools.admin import (
     LoadModelRequest, PinModelRequest, PoolAdmin, PoolModelsRequest, PoolReplicas, UnloadModelRequest, local_replicas,
 )
+from ..batches.service import BatchService, answers as batch_answers
 from ..tokenize.service import TokenService
 from ..generation.caller import Caller
 from .models import Models
@@ -77,12 +78,12 @@ class Processor:
     where Responses API responses are kept (None: in this process, within the limits' bounds; the deployments
     pass the store actor that outlives replicas). `tenancy`: each key's limits and usage (None: not counted).
     `pool_replicas`: each pool's running replicas, which the admin routes reach one by one (default: the pools
-    are in this process)."""
+    are in this process). `batches`: the batch routes' service over the batch store (None: batch jobs are off)."""
 
     def __init__(self, specs: list[ModelSpec], models: Models, limits: Limits, *,
                  observer: RequestObserver | None = None, per_key_cache: bool = True,
                  response_store: ResponseStore | None = None, tenancy: Tenancy | None = None,
-                 pool_replicas: PoolReplicas = local_replicas) -> None:
+                 pool_replicas: PoolReplicas = local_replicas, batches: BatchService | None = None) -> None:
         observer = observer or NullObserver()
         if tracing.current().enabled:
             observer = tracing.RecordsOnSpans(observer)
@@ -137,6 +138,8 @@ class Processor:
                 (OllamaPsRequest, Answer(ollama_models.ps)),
                 (OllamaVersionRequest, Answer(ollama_models.version))):
             self.register(request_type, answer)
+        for request_type, respond in batch_answers(batches).items():  # the batch routes (app/batches/service.py)
+            self.register(request_type, Answer(respond))
 
     async def _usage(self, request: UsageRequest, caller: Caller) -> dict[str, Any]:
         if self.tenancy is None:

@@ -140,4 +140,6 @@ class _UsageObserver:
         self.inner.record(rec)
         if rec.tenant:
             model = f"{rec.model}:{rec.adapter}" if rec.adapter and "," not in rec.adapter else rec.model
-            self.gate.used(rec.tenant, model, Usage(1, rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens))
+            batch = (1, rec.prompt_tokens + rec.completion_tokens) if rec.batch else (0, 0)
+            self.gate.used(rec.tenant, model, Usage(1, rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens,
+                                                     *batch))

@@ -84,12 +84,17 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # Of the above, what lines of batch jobs used (app/batches/): requests, and prompt + completion tokens.
+    batch_requests: int = 0
+    batch_tokens: int = 0
 
     def add(self, other: "Usage") -> None:
         self.requests += other.requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
         self.completion_tokens += other.completion_tokens
+        self.batch_requests += other.batch_requests
+        self.batch_tokens += other.batch_tokens
 
     @property
     def tokens(self) -> int:
@@ -97,8 +102,11 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "completion_tokens": self.completion_tokens}
+        counts = {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                  "completion_tokens": self.completion_tokens}
+        if self.batch_requests:  # a key that never ran a batch keeps the four counts it always had
+            counts.update(batch_requests=self.batch_requests, batch_tokens=self.batch_tokens)
+        return counts
 
 
 @dataclass(frozen=True)
@@ -308,7 +316,7 @@ def _count(value: Any) -> int | None:
 
 
 def _restored_usage(counts: Any) -> Usage | None:
-    if not isinstance(counts, dict) or set(counts) - set(Usage().to_dict()):
+    if not isinstance(counts, dict) or set(counts) - set(Usage(batch_requests=1).to_dict()):
         return None
     values = {k: _count(v) for k, v in counts.items()}
     return None if None in values.values() else Usage(**values)

@@ -60,6 +60,11 @@ class KeyRegistry:
         self._maybe_reload()
         return self.policies.find(key)
 
+    def find_hash(self, key_sha256: str) -> KeyPolicy | None:
+        """The policy in force for the key whose hash is `key_sha256` (a batch runs under its key's, as it is now)."""
+        self._maybe_reload()
+        return self.policies.by_hash.get(key_sha256)
+
     def _merge(self, file_policies: list[KeyPolicy]) -> KeyPolicies:
         # The file's policy wins over the same key given in the environment without one.
         return KeyPolicies.of([*self._env, *file_policies])

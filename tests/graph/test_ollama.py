@@ -14,7 +14,9 @@ import ollama
 import pytest
 
 from tests.support.hostile_images import solid
-from tests.support.serve_harness import ADAPTERS, EMBED_MODEL, KEY_A, MODEL, RERANK_MODEL, TENANT_KEYS, THINK_MODEL
+from tests.support.serve_harness import (
+    ADAPTERS, EMBED_MODEL, KEY_A, MODEL, RERANK_MODEL, TENANT_KEYS, THINK_MODEL, THINKING_MODEL,
+)
 
 pytestmark = pytest.mark.timeout(300)
 SHORT = {"num_predict": 4, "temperature": 0}
@@ -28,7 +30,7 @@ def test_models_as_ollama_lists_shows_and_runs_them(cluster):
     api = client(cluster)
     listed = {m.model for m in api.list().models}
     assert listed == {f"{MODEL}:latest", *(f"{MODEL}:{a}" for a in ADAPTERS), f"{THINK_MODEL}:latest",
-                      f"{EMBED_MODEL}:latest"}  # no reranker: no Ollama route serves one
+                      f"{THINKING_MODEL}:latest", f"{EMBED_MODEL}:latest"}  # no reranker: no Ollama route serves one
     assert RERANK_MODEL not in str(listed)
     shown = api.show(f"{MODEL}:latest")
     assert shown.capabilities == ["completion", "tools", "vision"] and shown.details.family == "llama"
@@ -54,6 +56,20 @@ def test_chat_and_generate_whole_and_streamed(cluster):
     assert raw[-1].prompt_eval_count < generated.prompt_eval_count  # no template around a raw prompt
     adapted = api.chat(model=f"{MODEL}:{ADAPTERS[0]}", messages=messages, options=SHORT)
     assert adapted.model == f"{MODEL}:{ADAPTERS[0]}" and adapted.eval_count == 4
+
+
+def test_generate_with_a_suffix_fills_in_the_middle(cluster, http):
+    """`suffix` on /api/generate (as Continue and Twinny send it) is the model's FIM layout: its prompt counts the
+    tokens /tokenize gives for /infill's fields; a model without FIM tokens is Ollama's 400 naming it."""
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    filled = client(cluster).generate(model=THINKING_MODEL, prompt=prefix, suffix=suffix,
+                                      options={"num_predict": 8, "temperature": 0})
+    layout = http.post("/tokenize", json={"model": THINKING_MODEL, "input_prefix": prefix, "input_suffix": suffix})
+    assert layout.status_code == 200, layout.text
+    assert filled.prompt_eval_count == layout.json()["count"] and filled.done and 1 <= filled.eval_count <= 8
+    with pytest.raises(ollama.ResponseError) as refused:  # no FIM tokens in the plain bundled GGUF
+        client(cluster).generate(model=MODEL, prompt=prefix, suffix=suffix, options=SHORT)
+    assert refused.value.status_code == 400 and MODEL in refused.value.error
 
 
 def test_an_image_reaches_the_model(cluster):

@@ -28,6 +28,15 @@ OPERATIONS = {
     ("/api/embed", "post"): "ollamaEmbed", ("/api/embeddings", "post"): "ollamaEmbeddings",
     ("/api/show", "post"): "ollamaShow", ("/api/tags", "get"): "ollamaTags", ("/api/ps", "get"): "ollamaPs",
     ("/api/version", "get"): "ollamaVersion",
+    ("/v1/files", "post"): "createFile", ("/v1/files", "get"): "listFiles", ("/v1/files/{file_id}", "get"): "retrieveFile",
+    ("/v1/files/{file_id}", "delete"): "deleteFile", ("/v1/files/{file_id}/content", "get"): "downloadFile",
+    ("/v1/batches", "post"): "createBatch", ("/v1/batches", "get"): "listBatches",
+    ("/v1/batches/{batch_id}", "get"): "retrieveBatch", ("/v1/batches/{batch_id}/cancel", "post"): "cancelBatch",
+    ("/v1/messages/batches", "post"): "createMessageBatch", ("/v1/messages/batches", "get"): "listMessageBatches",
+    ("/v1/messages/batches/{message_batch_id}", "get"): "retrieveMessageBatch",
+    ("/v1/messages/batches/{message_batch_id}", "delete"): "deleteMessageBatch",
+    ("/v1/messages/batches/{message_batch_id}/cancel", "post"): "cancelMessageBatch",
+    ("/v1/messages/batches/{message_batch_id}/results", "get"): "messageBatchResults",
 }
 
 
@@ -47,7 +56,9 @@ def test_traced_and_anthropic_paths_come_from_the_table():
                                   "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
                                   "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}
     anthropic = {r.path for r in ROUTES if TABLE.error_shape(r.path) is anthropic_error_body}
-    assert anthropic == {"/v1/messages", "/v1/messages/count_tokens"}
+    assert anthropic == {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches",
+                         "/v1/messages/batches/{message_batch_id}", "/v1/messages/batches/{message_batch_id}/cancel",
+                         "/v1/messages/batches/{message_batch_id}/results"}
     assert TABLE.error_shape("/v1/unknown") is error_body
     ollama = {r.path for r in ROUTES if TABLE.error_shape(r.path) is ollama_error_body}
     assert ollama == {r.path for r in ROUTES if r.path.startswith("/api/")}

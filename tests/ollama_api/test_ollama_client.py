@@ -140,3 +140,11 @@ def test_the_clients_errors(app, bundled_spec):
         with pytest.raises(ollama.ResponseError) as info:
             call(app, "chat", messages=[{"role": "user", "content": "hi"}], **kwargs)
         assert info.value.status_code == status and says in info.value.error, info.value
+
+
+def test_a_suffix_needs_a_model_with_fim_tokens(app, bundled_spec):
+    """The bundled GGUF's metadata names no FIM tokens: Ollama's 400 naming the model (the graph test
+    tests/graph/test_ollama.py fills in the middle with the GGUF written with them)."""
+    with pytest.raises(ollama.ResponseError) as refused:
+        call(app, "generate", model=bundled_spec.id, prompt="def f(", suffix="):\n", options=SHORT)
+    assert refused.value.status_code == 400 and bundled_spec.id in refused.value.error

@@ -74,3 +74,13 @@ def test_a_generation_is_system_then_prompt_and_a_raw_one_has_no_default_cut():
     assert [p.type for p in chat.messages[1].content] == ["image_url", "text"]
     raw = to_completion_request(parse_generate({"model": "m", "prompt": "<s>Hi", "raw": True}), read_options(None))
     assert raw.prompt == "<s>Hi" and raw.max_tokens is None
+
+
+def test_a_suffix_is_an_insertion_between_prompt_and_suffix_without_the_template():
+    req = parse_generate({"model": "m", "prompt": "def f(", "suffix": "):\n    pass\n", "options": {"num_predict": 9}})
+    assert req.completes and not req.raw and not req.loads_only
+    insertion = to_completion_request(req, read_options(req.options))
+    assert (insertion.prompt, insertion.suffix, insertion.max_tokens) == ("def f(", "):\n    pass\n", 9)
+    assert not parse_generate({"model": "m", "prompt": "", "suffix": "x"}).loads_only  # the start of a file
+    plain = parse_generate({"model": "m", "prompt": "Hi", "suffix": ""})  # an empty suffix asks for nothing
+    assert not plain.completes and to_completion_request(plain, read_options(None)).suffix is None

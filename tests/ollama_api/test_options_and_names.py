@@ -141,7 +141,8 @@ def test_a_resolved_request_echoes_the_clients_name_and_crosses_a_hop_whole():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"model": "m", "prompt": "p", "suffix": "s"}, "suffix"),
+    ({"model": "m", "prompt": "p", "suffix": "s", "system": "x"}, "system"),
+    ({"model": "m", "prompt": "p", "suffix": "s", "images": ["aGk="]}, "images"),
     ({"model": "m", "prompt": "p", "template": "{{ .Prompt }}"}, "template"),
     ({"model": "m", "prompt": "p", "context": [1, 2]}, "context"),
     ({"model": "m", "prompt": "p", "width": 64}, "width"),

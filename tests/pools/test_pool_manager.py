@@ -330,3 +330,25 @@ def test_a_job_loads_its_model_and_a_stats_job_never_does():
         assert loader.loads == ["a"]
         assert await host.run(StatsJob()) == {"model": "a", "running": 0, "pool": "tail", "pool_state": "loaded"}
     asyncio.run(run())
+
+
+def test_a_batch_line_loads_its_model_only_into_room_never_evicting_another():
+    async def run():
+        from types import SimpleNamespace
+
+        manager, loader, events = make()
+        await answer(manager, "a")
+        batch_line = SimpleNamespace(batch=True)
+
+        async def batch_answer(model_id: str) -> list:
+            out = []
+            async for piece in PooledHost(manager, model_id).generate(batch_line):
+                out += piece
+            return out
+        assert (await batch_answer("b"))[0] == "b:"  # room for a second model: loaded
+        with pytest.raises(APIError) as refused:  # full: the batch line waits rather than evict a or b
+            await batch_answer("c")
+        assert refused.value.status == 503 and refused.value.code == "pool_busy_for_batch"
+        assert set(manager.loaded()) == {"a", "b"} and not any(e[0] == "evicted" for e in events)
+        assert await answer(manager, "c") == ["c:", "hi"]  # an interactive request may evict
+    asyncio.run(run())

@@ -105,6 +105,20 @@ def keys_file() -> Path:
 _KEYS_FILE: Path | None = None
 
 
+def batch_storage(shape: str) -> Path:
+    """This process's batch store for the shared cluster of `shape` (a temporary folder each: a batch one cluster
+    left open is never resumed by the other)."""
+    global _BATCH_DIR
+    if _BATCH_DIR is None:
+        import tempfile
+
+        _BATCH_DIR = Path(tempfile.mkdtemp(prefix="llamaray-batches-"))
+    return _BATCH_DIR / shape
+
+
+_BATCH_DIR: Path | None = None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -410,7 +424,7 @@ def standard_config(shape: str) -> dict[str, Any]:
     reranker made from it (tools/minilm_reranker_gguf.py). The first takes images, through the colour
     projector (tools/colour_mmproj.py), and has two LoRA adapters (ADAPTERS, tools/make_lora.py); the second
     takes none. Its response store is small (8 MiB, 2 MiB a
-    key)."""
+    key); its batch store is a temporary folder of its own."""
     from tests.support.embedder import embedder_gguf, reranker_gguf
     from tools.colour_mmproj import cached_gguf as colour_mmproj
     from tools.fim_gguf import cached_gguf as fim_gguf
@@ -439,7 +453,9 @@ def standard_config(shape: str) -> dict[str, Any]:
         ], "auth": {"required": True, "api_keys_file": str(keys_file())},
         # A small response store, so that a few big responses show one key's writes evicting only its own
         # (tests/graph/test_hostile_json_store.py); other tests store a few KB at a time.
-        "limits": {"response_store_bytes": 8 * 1024 * 1024, "response_store_key_bytes": 2 * 1024 * 1024}},
+        "limits": {"response_store_bytes": 8 * 1024 * 1024, "response_store_key_bytes": 2 * 1024 * 1024},
+        # Batch jobs in a store of this process's own (tests/graph/test_batches.py), results written often.
+        "batch": {"storage": str(batch_storage(shape)), "chunk_s": 0.5}},
     }]})
 
 
