@@ -10,8 +10,9 @@ Whether to verify, and how many: `DraftBudget` keeps one sequence's acceptance (
 proposals it did not verify checked against the tokens it then generated: free to measure), and `StepCost` the
 decode time of a step by its rows, measured on the engine's own context. A sequence verifies the k drafts that
 maximise the tokens it expects to gain minus what the k extra rows cost, in tokens at the step's own rate. On a
-GPU rows are nearly free and a sequence drafts whenever it has a proposal; on a CPU a row costs most of a token
-and only a reply that copies almost exactly pays (docs/history/benchmarks-2026.md), so free writing soon drafts nothing.
+GPU rows are nearly free and a sequence drafts whenever it has a proposal; on a CPU a row costs most of a token,
+so a sequence drafts mostly where its reply copies (free writing drafts about one token in ten; measured in
+docs/benchmarks.md, bench.spec).
 """
 
 from __future__ import annotations
