@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def long_stream(cluster) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 64,
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 40,
             "stream": True, "temperature": 1.0, "min_p": 0.0, "top_k": 0}
     with httpx.Client(base_url=cluster.url, timeout=300, headers=cluster.headers) as c:
         r = c.post("/v1/chat/completions", json=body)
