@@ -351,13 +351,18 @@ def _segment(server: PoolBenchServer, ns: argparse.Namespace, r: int, weights: l
     return seg
 
 
-def _warm(server: PoolBenchServer) -> None:
+def _warm(server: PoolBenchServer, preambles: dict[str, str] | None = None) -> None:
     """One short request per model, so both arms start measuring with the code paths warm (the pool then holds
-    the last models asked, as it would after any traffic)."""
-    with httpx.Client(timeout=300) as client:
+    the last models asked, as it would after any traffic); with the agent workload each model's request carries
+    its preamble, so both arms measure the steady state of an agent's traffic (a preamble each model prefilled
+    once: in memory in the dedicated arm, in memory or on the node's disk in the pool) rather than the first
+    prefills."""
+    with httpx.Client(timeout=600) as client:
         for m in model_ids():
-            client.post(chat_url(server.base_url), json={"model": m, "max_tokens": 4,
-                                                         "messages": [{"role": "user", "content": "Hi."}]})
+            messages = [{"role": "user", "content": "Hi."}]
+            if preambles:
+                messages.insert(0, {"role": "system", "content": preambles[m]})
+            client.post(chat_url(server.base_url), json={"model": m, "max_tokens": 4, "messages": messages})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         return seg
 
     n_ctx = ns.preamble_tokens + 512 if ns.workload == "agent" else MODEL_KEYS["n_ctx"]
+    warm_preambles = {m: preamble(m, ns.preamble_tokens) for m in model_ids()} if ns.workload == "agent" else None
     segments, failures = take_turns(
         ns.arms, ns.rounds, lambda arm: PoolBenchServer(log_dir, arm, self_check=not ns.no_self_check, n_ctx=n_ctx),
-        segment, ready=_warm)
+        segment, ready=lambda server: _warm(server, warm_preambles))
     rows = [arm_record(arm, segs) for arm, segs in segments.items() if segs]
     text = format_table(rows, failures)
     print(text, flush=True)
