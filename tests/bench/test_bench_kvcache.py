@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.engine.events import TokenLogprob
 from bench.kvcache import compare
-from bench.pool import model_ids, preamble
+from bench.pool import CHARS_PER_TOKEN, model_ids, preamble
 
 
 def lp(token: bytes, top: tuple[float, float]) -> TokenLogprob:
@@ -22,4 +22,4 @@ def test_replies_are_equal_parted_at_a_tie_or_parted():
 def test_each_model_has_a_preamble_of_its_own_of_about_the_size_asked():
     texts = {m: preamble(m, 3000) for m in model_ids()}
     assert len(set(texts.values())) == len(texts)
-    assert all(14_000 <= len(t) <= 16_000 for t in texts.values())  # ~5 characters a token
+    assert all(len(t) == int(3000 * CHARS_PER_TOKEN) for t in texts.values())  # sized by the tokenizer's rate

@@ -82,6 +82,7 @@ def test_an_early_exit_draft_proposes_and_changes_nothing(bundled_spec, tmp_path
         eng.close()
 
 
+@pytest.mark.slow  # a draft-model engine of its own (~5 s), as the other draft-model engines above
 def test_adaptive_drafting_counts_the_drafts_own_decode(bundled_spec):
     """With a CPU's step cost, a draft as slow as the target never pays, however well it agrees: it is never
     asked (not even for probes, which would cost its decodes). With free rows (a GPU's) and the real draft, it

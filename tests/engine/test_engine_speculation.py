@@ -103,6 +103,9 @@ def test_the_model_copies_so_drafts_are_accepted(spec_engine):
     assert after["num_drafts"] > before["num_drafts"] and taken > drafted / 3, (before, after)
 
 
+# Sixteen replies of each arm twice (~25 s): make test-slow. make test asks the same of the graph at four streams
+# (tests/graph/test_speculative_graph.py, both topologies).
+@pytest.mark.slow
 @pytest.mark.parametrize("concurrency", [1, SLOTS])
 def test_greedy_replies_equal_without_speculation(spec_engine, concurrency):
     prompts = copy_prompts(spec_engine) + [chat(spec_engine.spec, t) for t in FREE]

@@ -64,6 +64,9 @@ async def sample(engine, prompt: str, grammar: str, seed: int) -> tuple[str, str
     return "".join(text), finish
 
 
+# 30 sampled replies (~12 s): make test-slow. make test keeps the grammar's forced and greedy cases
+# (tests/engine/test_grammar_sampling.py) and the graph's strict-JSON replies.
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schema=SCHEMAS, seed=st.integers(0, 2**31 - 1))
 def test_sampled_replies_are_strict_json_valid_against_the_schema(engine, bundled_spec, schema, seed):

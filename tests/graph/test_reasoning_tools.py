@@ -93,9 +93,11 @@ def _check_calls(calls, allowed: set[str]):
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+# A named function's forced call (the same grammar path as `required`, one name) in make test-slow: each case is
+# three generations in each topology.
 @pytest.mark.parametrize("choice,allowed", [
     ("required", {"get_weather", "add"}),
-    ({"type": "function", "function": {"name": "add"}}, {"add"}),
+    pytest.param({"type": "function", "function": {"name": "add"}}, {"add"}, marks=pytest.mark.slow),
 ])
 def test_forced_tool_calls_non_streaming_and_streaming(client, http, choice, allowed):
     kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, ADD], tool_choice=choice, max_tokens=80, seed=11,

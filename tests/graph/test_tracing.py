@@ -25,7 +25,9 @@ SERVICE = "llamaray-trace-test"
 GRAMMAR = "root ::= [a-z ]{200,220}"
 
 
-@pytest.fixture(scope="module", params=["single", "graph"])
+# The single topology's run is in make test-slow: a cluster of its own costs ~15 s to start, and a trace across
+# the tiers is the graph's question (make test asks it there).
+@pytest.fixture(scope="module", params=[pytest.param("single", marks=pytest.mark.slow), "graph"])
 def traced(request):
     """(topology, cluster, collector): each topology starts a cluster of its own (stopping any shared one)."""
     topology = request.param
