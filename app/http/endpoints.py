@@ -4,7 +4,7 @@ stream; the server's own answers (models, health, its OpenAPI document)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,29 +111,28 @@ class Endpoints:
 
     async def upload_file(self, request: Request, route: Route) -> Response:
         """`POST /v1/files`: a multipart upload streamed to the batch store."""
-        try:
-            record = await self._batch_edge().upload(request, caller_of(request) or ANONYMOUS)
-            return JSONBody(record.to_openai())
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors, request.scope)
+        async def upload(edge: BatchEdge, caller: Any) -> Response:
+            return JSONBody((await edge.upload(request, caller)).to_openai())
+        return await self._on_batch_edge(request, route, upload)
 
     async def file_content(self, request: Request, route: Route) -> Response:
-        try:
-            return await self._batch_edge().content(request, caller_of(request) or ANONYMOUS)
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors, request.scope)
+        return await self._on_batch_edge(request, route, lambda edge, caller: edge.content(request, caller))
 
     async def create_message_batch(self, request: Request, route: Route) -> Response:
-        try:
-            edge = self._batch_edge()
-            return json_answer(await edge.create_message_batch(request, caller_of(request) or ANONYMOUS,
-                                                               self.processing.respond))
-        except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
-            return error_response(exc, route.errors, request.scope)
+        async def create(edge: BatchEdge, caller: Any) -> Response:
+            return json_answer(await edge.create_message_batch(request, caller, self.processing.respond))
+        return await self._on_batch_edge(request, route, create)
 
     async def message_batch_results(self, request: Request, route: Route) -> Response:
+        return await self._on_batch_edge(request, route,
+                                         lambda edge, caller: edge.message_batch_results(request, caller))
+
+    async def _on_batch_edge(self, request: Request, route: Route,
+                             call: Callable[[BatchEdge, Any], Awaitable[Response]]) -> Response:
+        """A byte-streaming batch route's answer from the batch store's edge, each failure in the route's error
+        shape (batch jobs off: its refusal too)."""
         try:
-            return await self._batch_edge().message_batch_results(request, caller_of(request) or ANONYMOUS)
+            return await call(self._batch_edge(), caller_of(request) or ANONYMOUS)
         except Exception as exc:  # noqa: BLE001 - each failure becomes an error body
             return error_response(exc, route.errors, request.scope)
 
