@@ -1,15 +1,15 @@
 """python -m bench.batch: a batch job on llamaray's idle capacity, against the same work sent interactively.
 
 On one server as `make bench` starts it (`llamaray serve-local` on the local and bench overlays: 2 threads, 16
-slots), four measurements:
+slots), two comparisons, each made of segments that take turns (A B, B A, ...: `--segments`), so a machine whose
+speed drifts over the minutes of a run (this 2-core VM's moves by 10-25%) weighs on both sides alike:
 
-1. closed loop: the batch's requests sent as `make bench`'s streamed closed loop at the model's slot count
-   (bench.load.loadgen), its tok/s the reference;
-2. batch alone: the same requests as one batch (`POST /v1/files`, `POST /v1/batches`, polled to its end), tok/s
-   over the wall time from its creation to its end, counted from its output file's usage;
-3. interactive alone: `make bench`'s closed loop at --interactive-concurrency, its TTFT the reference;
-4. interactive beside a batch: the same closed loop while another batch of the same size runs (cancelled once the
-   interactive requests are done).
+1. throughput: the batch's requests sent as `make bench`'s streamed closed loop at the model's slot count
+   (bench.load.loadgen), against the same requests as batches (`POST /v1/files`, `POST /v1/batches`, polled to
+   their end), each segment a share of `--lines`; a batch's tok/s is over its wall time from its creation to its
+   end, counted from its output file's usage; each arm's segments pooled (tokens over summed wall time);
+2. interactive TTFT: `make bench`'s closed loop at --interactive-concurrency alone, against the same closed loop
+   while a batch of `--lines` runs (cancelled once the interactive requests are done).
 
 The issue's targets: the batch alone at >= 0.9x the closed loop's tok/s; interactive TTFT p50 beside the batch
 <= 1.2x alone. Prints a table and writes <out>/batch.json. At full size (`--lines 2000`) it takes ~20-40 minutes
@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from .harness.arms import turn_order
 from .harness.run import ROOT, log, start_run
 from .harness.servers import N_PARALLEL, SERVERS
 from .load.loadgen import DEFAULT_PROMPTS, run_closed_loop, summarize
@@ -136,18 +137,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--interactive-concurrency", type=int, default=4,
                    help="the interactive closed loop's streams (make bench's middle level)")
-    p.add_argument("--interactive-requests", type=int, default=48)
+    p.add_argument("--interactive-requests", type=int, default=48, help="requests in each interactive segment")
+    p.add_argument("--segments", type=int, default=4,
+                   help="turns of the throughput comparison: the lines split into this many closed-loop segments "
+                        "and as many batches, taking turns")
+    p.add_argument("--interactive-rounds", type=int, default=2,
+                   help="turns of the TTFT comparison: each round one segment alone and one beside a batch")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds a batch may take")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
-
-
-def closed_loop(base_url: str, model: str, concurrency: int, n: int, ns: argparse.Namespace,
-                first_index: int = 0) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    results = asyncio.run(run_closed_loop(base_url, model, concurrency, n, DEFAULT_PROMPTS, ns.max_tokens,
-                                          temperature=ns.temperature, seed_base=SEED_BASE, first_index=first_index))
-    return summarize(results, time.perf_counter() - t0)
 
 
 def run_batch(client: BatchClient, lines: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:
@@ -157,6 +155,39 @@ def run_batch(client: BatchClient, lines: list[dict[str, Any]], timeout_s: float
     summary = output_summary(client.lines(batch.get("output_file_id")), client.lines(batch.get("error_file_id")),
                              wall)
     return {**summary, "status": batch["status"], "request_counts": batch["request_counts"]}
+
+
+def pooled_batches(segments: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batch segments as one row: lines, failures and tokens summed, tok/s over their summed wall time."""
+    wall = sum(s["wall_s"] for s in segments)
+    tokens = sum(s["completion_tokens"] for s in segments)
+    return {"n_ok": sum(s["n_ok"] for s in segments), "n_failed": sum(s["n_failed"] for s in segments),
+            "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
+            "each_once": all(s["each_once"] for s in segments), "segments": segments}
+
+
+def closed_loop_results(base_url: str, model: str, concurrency: int, n: int, ns: argparse.Namespace,
+                        first_index: int = 0) -> tuple[list[Any], float]:
+    t0 = time.perf_counter()
+    results = asyncio.run(run_closed_loop(base_url, model, concurrency, n, DEFAULT_PROMPTS, ns.max_tokens,
+                                          temperature=ns.temperature, seed_base=SEED_BASE, first_index=first_index))
+    return results, time.perf_counter() - t0
+
+
+def closed_loop(base_url: str, model: str, concurrency: int, n: int, ns: argparse.Namespace,
+                first_index: int = 0) -> dict[str, Any]:
+    return summarize(*closed_loop_results(base_url, model, concurrency, n, ns, first_index))
+
+
+def pooled_loops(segments: list[tuple[list[Any], float]]) -> dict[str, Any]:
+    """Closed-loop segments as one: their requests together, tok/s over their summed wall time."""
+    return summarize([r for results, _ in segments for r in results], sum(wall for _, wall in segments))
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` near-equal shares (the first ones larger), none empty."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,23 +202,44 @@ def main(argv: list[str] | None = None) -> int:
         base, model = server.base_url, server.model
         client = BatchClient(base)
         closed_loop(base, model, 1, 1, ns, first_index=10_000)  # warm-up (make bench's too): nothing measured
-        log(f"closed loop: {ns.lines} requests at {N_PARALLEL} streams (the model's slots)")
-        rows["closed loop at the slot count"] = closed_loop(base, model, N_PARALLEL, ns.lines, ns)
-        lines = batch_lines(ns.lines, model, ns.max_tokens, ns.temperature)
-        log(f"batch alone: {ns.lines} lines")
-        rows["batch alone"] = run_batch(client, lines, ns.timeout)
-        log(f"interactive alone: {ns.interactive_requests} requests at {ns.interactive_concurrency} streams")
-        rows["interactive alone"] = closed_loop(base, model, ns.interactive_concurrency, ns.interactive_requests, ns,
-                                                first_index=ns.lines)
-        log("interactive beside a batch")
-        beside = client.start(batch_lines(ns.lines, model, ns.max_tokens, ns.temperature, seed_base=SEED_BASE + 7))
-        client.wait(beside, ("in_progress",), 600, every_s=0.2)
-        rows["interactive beside a batch"] = closed_loop(base, model, ns.interactive_concurrency,
-                                                         ns.interactive_requests, ns, first_index=ns.lines)
-        during = client.get(beside)
-        rows["interactive beside a batch"]["batch_lines_done_meanwhile"] = during["request_counts"]["completed"]
-        client.cancel(beside)
-        client.wait(beside, ("cancelled", "completed"), 600)
+        loops: list[tuple[list[Any], float]] = []
+        batches: list[dict[str, Any]] = []
+        start = 0
+        for n, (arm, size) in enumerate(zip(turn_order(["loop", "batch"], ns.segments),
+                                            [k for k in shares(ns.lines, ns.segments) for _ in (0, 1)])):
+            # Each segment sends requests start .. start+size of the --lines (both arms the same ones in turn).
+            if arm == "loop":
+                log(f"segment {n + 1}: closed loop, {size} requests at {N_PARALLEL} streams (the model's slots)")
+                loops.append(closed_loop_results(base, model, N_PARALLEL, size, ns, first_index=start))
+            else:
+                log(f"segment {n + 1}: a batch of {size} lines")
+                lines = batch_lines(start + size, model, ns.max_tokens, ns.temperature)[start:]
+                batches.append(run_batch(client, lines, ns.timeout))
+            if n % 2 == 1:
+                start += size
+        rows["closed loop at the slot count"] = pooled_loops(loops)
+        rows["batch alone"] = pooled_batches(batches)
+        alone: list[tuple[list[Any], float]] = []
+        beside: list[tuple[list[Any], float]] = []
+        done_meanwhile = 0
+        for n, arm in enumerate(turn_order(["alone", "beside"], ns.interactive_rounds)):
+            if arm == "alone":
+                log(f"interactive alone: {ns.interactive_requests} requests at {ns.interactive_concurrency} streams")
+                alone.append(closed_loop_results(base, model, ns.interactive_concurrency, ns.interactive_requests, ns,
+                                                 first_index=ns.lines))
+                continue
+            log("interactive beside a batch")
+            batch_id = client.start(batch_lines(ns.lines, model, ns.max_tokens, ns.temperature,
+                                                seed_base=SEED_BASE + 7 + n))
+            client.wait(batch_id, ("in_progress",), 600, every_s=0.2)
+            beside.append(closed_loop_results(base, model, ns.interactive_concurrency, ns.interactive_requests, ns,
+                                              first_index=ns.lines))
+            done_meanwhile += client.get(batch_id)["request_counts"]["completed"]
+            client.cancel(batch_id)
+            client.wait(batch_id, ("cancelled", "completed"), 600)
+        rows["interactive alone"] = pooled_loops(alone)
+        rows["interactive beside a batch"] = pooled_loops(beside)
+        rows["interactive beside a batch"]["batch_lines_done_meanwhile"] = done_meanwhile
     finally:
         server.stop()
     verdict = verdicts(rows["closed loop at the slot count"]["tokens_per_s"], rows["batch alone"]["tokens_per_s"],

@@ -365,6 +365,9 @@ class PoolConfig(BaseModel):
     failed_load_retry_s: float = Field(30, ge=0, le=3600, description="a model whose load failed (a corrupt GGUF, out "
                                        "of memory) is answered with that failure (503) for this long before a "
                                        "replica tries to load it again (0: every request tries)")
+    room_wait_s: float = Field(30, ge=0, le=600, description="how long a request for a model that is not loaded "
+                               "waits, when every model a replica holds is busy, pinned or loading, for one to go "
+                               "idle (then evicted for it) before a 503 with Retry-After (0: the 503 at once)")
     catalogue: str | None = Field(None, description="a directory, laid out as llama-server's --models-dir: every "
                                                     "<id>.gguf in it is a model of this pool (a split model's parts "
                                                     "count once), a projector beside it (mmproj-<id>.gguf) its "

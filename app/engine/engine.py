@@ -38,6 +38,7 @@ from typing import Any
 from ..config.spec import ModelSpec, place
 from . import hardware
 from .adapter_turns import AdapterTurns
+from .batch_rows import batch_row_budget
 from .admission import (
     BACKFILL_S, BATCH_WAIT_S, InteractiveDemand, RecentTenants, admissible, batch_share, held_back, in_share_order,
     interactive_first,
@@ -58,6 +59,7 @@ from .prompt_cache import PromptCache
 from .reasoning_budget import ReasoningTracker, token_texts
 from .slots import Generation, Sink, Slot, SlotState
 from .speculation import Speculation
+from .step_times import StepTimes
 from .stop import StopMatcher
 from .vision import Projector, release_all
 
@@ -108,6 +110,9 @@ class LlamaEngine(DecodeThread):
         self._deferred: list[Generation] = []  # batch lines that waited too long, out of the queue
         self.batch_preempted = 0
         self.batch_deferred = 0
+        self.step_times = StepTimes()  # batch_rows.py: what batch rows add to a step beside interactive ones
+        self._batch_starved = 0  # steps since batch lines last had a row while interactive requests ran
+        self.batch_rows_held = 0  # rows batch lines went without, beside interactive requests (stats)
         self.slots = [Slot(i) for i in range(spec.n_seq_max)]
         self.intake = Intake(spec, self.llama, self.projector, len(self.slots))
         # Prompt tokens per second this replica prefills (a moving average): whether reading a stored prefix beats
@@ -253,6 +258,7 @@ class LlamaEngine(DecodeThread):
                     "adapters": sorted(self.adapters.loaded), "adapter_switches": self.adapters.switches,
                     "batch_running": sum(s.gen is not None and s.gen.req.batch for s in self.slots),
                     "batch_preempted": self.batch_preempted, "batch_deferred": self.batch_deferred,
+                    "batch_rows_held": self.batch_rows_held, "step_seconds_by_rows": self.step_times.as_dict(),
                     **(self.speculation.stats() if self.speculation is not None else
                        {"spec_decode": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}}),
                     **({"images_held": self.projector.held} if self.projector is not None else {})}
@@ -327,6 +333,7 @@ class LlamaEngine(DecodeThread):
                 self._flush()
                 elapsed = time.perf_counter() - started
                 self.step_s = elapsed if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * elapsed
+                self.step_times.observe(self._batch.n, elapsed)
                 if self._step_prompt_tokens >= PREFILL_SAMPLE_TOKENS:
                     rate = self._step_prompt_tokens / elapsed
                     self.prefill_rate = rate if self.prefill_rate == 0 else 0.8 * self.prefill_rate + 0.2 * rate
@@ -422,7 +429,7 @@ class LlamaEngine(DecodeThread):
             # anything for a request that asked for none (cache_prompt false: reproducible replies).
             reuse = gen.req.cache_prompt and not gen.req.prompt_logprobs
             slot, reused, source = self.placement.place(gen.prompt, gen.kv_scope, reuse=reuse, images=gen.images,
-                                                        prefetched=gen.prefetched)
+                                                        prefetched=gen.prefetched, batch=gen.req.batch)
             gen.prefetched = None  # its buffer is the prompt cache's now, or not needed
             slot.occupy(gen, reused)
             for g in gen.choices:
@@ -537,6 +544,7 @@ class LlamaEngine(DecodeThread):
         batch.clear()
         planned: list[tuple[Slot, list[int]]] = []
         generating = [s for s in self.slots if s.state is SlotState.GENERATING and self.adapters.in_turn(s)]
+        generating, batch_rows = self._batch_rows(generating)
         room = batch.capacity - len(generating)  # rows left once each generating sequence has its token
         # Tokens a sequence takes without sampling (a reasoning's close) come first, within the batch, its context
         # and its max_tokens (what does not fit goes in later steps, one a step at least). Not where the KV cannot
@@ -560,10 +568,41 @@ class LlamaEngine(DecodeThread):
             self._put(slot, tokens, logits=True)
         for slot in self.slots:
             pending = slot.pending_prompt()[:batch.capacity - batch.n] if self.adapters.in_turn(slot) else []
+            if pending and batch_rows is not None and slot.gen.req.batch:
+                pending = pending[:batch_rows]
+                batch_rows -= len(pending)
             if pending:
                 planned.append((slot, pending))
                 self._put(slot, pending, logits=slot.gen.n_past + len(pending) == len(slot.gen.prompt))
         return planned
+
+    def _batch_rows(self, generating: list[Slot]) -> tuple[list[Slot], int | None]:
+        """This step's generating sequences with only the batch lines that get a row in it (those that waited
+        longest for one first), and the rows left to batch lines' prompts (None: no bound). Without interactive
+        requests in the step, every batch line has its row (batch_rows.py)."""
+        batch = [s for s in generating if s.gen.req.batch]
+        prompts = [s for s in self.slots if s.state is SlotState.PREFILLING and self.adapters.in_turn(s)
+                   and s.pending_prompt()]
+        interactive_prompt = sum(len(s.pending_prompt()) for s in prompts if not s.gen.req.batch)
+        interactive_rows = len(generating) - len(batch) + interactive_prompt
+        if interactive_rows == 0 and not interactive_prompt:
+            self._batch_starved = 0
+            return generating, None
+        wanted = len(batch) + sum(len(s.pending_prompt()) for s in prompts if s.gen.req.batch)
+        budget = batch_row_budget(interactive_rows, interactive_prompt > 0, wanted, self.step_times,
+                                  self._batch_starved)
+        if budget is None or budget >= wanted:
+            self._batch_starved = 0
+            return generating, None
+        self.batch_rows_held += wanted - budget
+        batch.sort(key=lambda s: s.gen.row_step)
+        dropped = {id(s) for s in batch[budget:]}
+        kept = [s for s in generating if id(s) not in dropped]
+        for slot in batch[:budget]:
+            slot.gen.row_step = self.steps
+        left = max(0, budget - len(batch))
+        self._batch_starved = 0 if budget else self._batch_starved + 1
+        return kept, left
 
     def _put(self, slot: Slot, tokens: list[int], logits: bool) -> None:
         """`tokens` into the batch at the slot's next positions; with `logits`, the last one's

@@ -5,7 +5,11 @@ overwritten. The decode thread's alone: every KV edit of placement happens betwe
 The slot is the lowest-numbered idle one, so busy slots stay packed: with a KV stream per slot, llama.cpp decodes
 only runs of consecutive sequence ids together, and 8 decoding sequences spread over 16 slots took twice as long a
 step as 8 packed ones. An idle slot already holding a real prefix (MIN_COPY_TOKENS more) is taken instead:
-recomputing or copying that prefix costs more than a gap. At least the last prompt token is always recomputed, so
+recomputing or copying that prefix costs more than a gap. Batch lines (app/engine/batch_rows.py) fill the slots
+from the other end, the highest-numbered idle one: beside interactive requests they get few of a step's rows,
+and interactive sequences scattered among batch lines' slots would each be a run of their own (four interactive
+streams among twelve batch lines took 40 ms a step where packed they take 15); so interactive requests take an
+idle slot holding their prefix only below every batch line's slot. At least the last prompt token is always recomputed, so
 there are logits to sample from. Only KV computed in the prompt's cache scope is reused (kept, copied or
 restored): other scopes' prefixes count as nothing. A prefix never ends inside one of the prompt's images.
 
@@ -94,7 +98,7 @@ class KVPlacement:
                           match.shared)
 
     def place(self, prompt: list[int], scope: str, reuse: bool = True, images: list[ImageSpan] | None = None,
-              prefetched: Prefetched | None = None) -> tuple[Slot, int, str]:
+              prefetched: Prefetched | None = None, batch: bool = False) -> tuple[Slot, int, str]:
         """An idle slot for `prompt`, its KV holding the longest reusable prefix; (slot, tokens kept, where from:
         FROM_SLOT, FROM_MEMORY, a persistent tier's name, or "" for nothing). The slot's own prefix is kept; a
         longer one is copied in from another slot (a busy slot's earlier positions never change), restored from
@@ -103,10 +107,15 @@ class KVPlacement:
         images = images or []
         prefix = {slot.index: image_boundary(common_prefix(slot.tokens, prompt), images)
                   if reuse and slot.scope == scope else 0 for slot in self.slots}
-        target = self.lowest_idle()
-        best_idle = max((s for s in self.slots if s.state is SlotState.IDLE), key=lambda s: prefix[s.index])
-        if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
-            target = best_idle
+        if batch:
+            target = next(slot for slot in reversed(self.slots) if slot.state is SlotState.IDLE)
+        else:
+            target = self.lowest_idle()
+            below = min((s.index for s in self.slots if s.gen is not None and s.gen.req.batch), default=len(self.slots))
+            best_idle = max((s for s in self.slots if s.state is SlotState.IDLE and s.index < below),
+                            key=lambda s: prefix[s.index], default=target)
+            if prefix[best_idle.index] - prefix[target.index] >= MIN_COPY_TOKENS:
+                target = best_idle
         source = max(self.slots, key=lambda s: (prefix[s.index], s is target))
         if prefix[source.index] - prefix[target.index] < MIN_COPY_TOKENS:
             source = target  # copying a stream is only worth it for a real prefix

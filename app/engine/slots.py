@@ -68,6 +68,7 @@ class Generation:
     reasoning: ReasoningTracker | None = None  # its reasoning and budget (None: the request tracks none)
     forced: list[int] = field(default_factory=list)  # tokens it takes next instead of sampling (a reasoning's close)
     forcing: int = 0  # of those, how many follow last_token in this step's batch
+    row_step: int = 0  # the engine step it last had a row in while batch rows were bounded (batch_rows.py)
 
     @property
     def request_id(self) -> str:

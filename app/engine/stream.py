@@ -158,7 +158,7 @@ async def _prepare(engine: GenerationEngine, req: GenerationRequest, sink: Sink)
         engine.discard(gen)
 
     try:
-        await PREPARATION.run(req.tenant, work)
+        await PREPARATION.run(req.tenant, work, low=req.batch)
     except asyncio.CancelledError:  # a started job goes on; what it prepares is not wanted
         with handoff.lock:
             handoff.abandoned = True

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..api.errors import invalid_request, timeout_error
+from ..api.errors import invalid_request, overloaded, timeout_error
 from ..config.app_args import Limits
 from ..config.spec import ModelSpec
 from ..observe.request_records import NullObserver, RequestObserver, RequestRecord
@@ -29,14 +29,22 @@ T = TypeVar("T")
 async def off_loop(limits: Limits, caller: Caller, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` (prompt rendering, grammar building: CPU work) on the preparation pool in the caller's key's
     turn (app/tenants/prep_pool.py), within limits.grammar_timeout_s, waiting for a thread included: past it, a
-    400 `request_too_complex` (a job not started by then never runs)."""
+    400 `request_too_complex` (a job not started by then never runs). A batch line's job waits behind interactive
+    ones: one that never got a thread is a retryable 503, not the line's fault."""
     budget = limits.grammar_timeout_s
+    job = PREPARATION.submit(caller.tenant, fn, *args, low=caller.batch)
     try:
-        return await asyncio.wait_for(PREPARATION.run(caller.tenant, fn, *args), budget)
+        return await asyncio.wait_for(job.future, budget)
     except asyncio.TimeoutError:
+        if not PREPARATION.cancel(job) and caller.batch:
+            raise overloaded("Interactive requests kept the preparation threads busy; this batch line is sent "
+                             "again later.") from None
         raise invalid_request(f"Preparing this request (chat template, grammar) took longer than {budget:g} s "
                               f"(limits.grammar_timeout_s); simplify its tools, schema or grammar.",
                               code="request_too_complex") from None
+    except asyncio.CancelledError:
+        PREPARATION.cancel(job)
+        raise
 
 
 class Reply(Protocol):

@@ -36,7 +36,8 @@ def model_need(spec: ModelSpec) -> int:
 def pool_plan(pool: PoolConfig, specs: list[ModelSpec]) -> PoolPlan:
     budget = int(pool.memory_budget_mib * MIB) if pool.memory_budget_mib else None
     return PoolPlan(pool.name, pool.max_models, budget, tuple(dict.fromkeys(pool.pinned)), pool.idle_unload_s,
-                    pool.failed_load_retry_s, {s.id: model_need(s) for s in specs if s.pool == pool.name})
+                    pool.failed_load_retry_s, {s.id: model_need(s) for s in specs if s.pool == pool.name},
+                    pool.room_wait_s)
 
 
 def pool_plans(args: AppArgs, specs: list[ModelSpec]) -> list[PoolPlan]:

@@ -4,7 +4,9 @@ request, least recently used idle ones evicted to make room, idle ones unloaded 
 Everything here runs on the replica's event loop (no lock: each decision is made between two awaits); the
 load itself is the `load` coroutine's, which runs llama.cpp off the loop. Concurrent requests for a cold model
 share one load. A model is never evicted while pinned, loading, or while a request uses it (`active`): a
-request holds its model for its whole stream, so a generation never loses its engine.
+request holds its model for its whole stream, so a generation never loses its engine. A request for a cold model
+that finds every model busy waits (up to the plan's `room_wait_s`) for one to go idle, rather than a 503 at once:
+the client would only send it again later, after a Retry-After of whole seconds, and lose its turn meanwhile.
 
 An operator may also load, pin, unpin and unload a model (the admin routes, app/pools/admin.py): `pins` starts as
 the plan's `pinned` and changes with them; an unload waits for the model's requests to end, within a bound."""
@@ -61,6 +63,7 @@ class PoolManager(Generic[Host]):
         # model id -> (when its load failed, the 503 it failed with): a corrupt file is not read again by
         # every request, only once failed_load_retry_s has passed.
         self._failed: dict[str, tuple[float, APIError]] = {}
+        self._room = asyncio.Event()  # set (and replaced) when room may have come: _room_changed
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -100,7 +103,7 @@ class PoolManager(Generic[Host]):
         if model_id not in self.plan.needs:
             raise model_not_found(model_id)
         self._start_reaper()
-        entry = self.entries.get(model_id) or self._begin_load(model_id, evict)
+        entry = self.entries.get(model_id) or await self._room_for(model_id, evict)
         entry.active += 1
         entry.last_used = self._clock()
         try:
@@ -113,9 +116,36 @@ class PoolManager(Generic[Host]):
         finally:
             entry.active -= 1
             entry.last_used = self._clock()
+            if entry.active == 0:
+                self._room_changed()
+
+    async def _room_for(self, model_id: str, evict: bool) -> _Entry[Host]:
+        """`model_id`'s entry, its load begun: at once where there is room (or a model to evict), else once a model
+        goes idle, within the plan's room_wait_s (then the 503 of a full pool). Batch work (`evict` False) waits
+        for nothing: its runner sends the line again later."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.plan.room_wait_s
+        while True:
+            try:
+                return self.entries.get(model_id) or self._begin_load(model_id, evict)
+            except _PoolFull as full:
+                left = deadline - loop.time()
+                if not evict or left <= 0:
+                    raise full.error from None
+                changed = self._room
+                try:
+                    await asyncio.wait_for(changed.wait(), left)
+                except asyncio.TimeoutError:
+                    raise full.error from None
+
+    def _room_changed(self) -> None:
+        """A model went idle or away, or a load ended: the requests waiting for room look again."""
+        self._room.set()
+        self._room = asyncio.Event()
 
     def _begin_load(self, model_id: str, evict: bool = True) -> _Entry[Host]:
-        """Make room and start loading `model_id` (no await between the checks and the entry's insertion)."""
+        """Make room and start loading `model_id` (no await between the checks and the entry's insertion); _PoolFull
+        when every model held is busy, pinned or loading."""
         self._refuse_failed(model_id)
         need, budget = self.plan.needs.get(model_id, 0), self.plan.budget_bytes
         if budget is not None and need > budget:
@@ -132,8 +162,9 @@ class PoolManager(Generic[Host]):
                 busy = ", ".join(sorted(self.entries))
                 why = (f"{self.plan.max_models} models (max_models)" if len(self.entries) >= self.plan.max_models
                        else f"{mib(self.used_bytes())} of its {mib(budget or 0)} memory budget")
-                raise overloaded(f"pool {self.plan.name!r} cannot load model {model_id!r} now: it holds {why}, all "
-                                 f"busy, pinned or loading ({busy}); retry shortly", retry_after_s=FULL_RETRY_AFTER_S)
+                raise _PoolFull(overloaded(
+                    f"pool {self.plan.name!r} cannot load model {model_id!r} now: it holds {why}, all busy, pinned "
+                    f"or loading ({busy}); retry shortly", retry_after_s=FULL_RETRY_AFTER_S))
             self._evict(victim, "lru")
         entry: _Entry[Host] = _Entry(last_used=self._clock())
         entry.loading = asyncio.ensure_future(self._loaded(model_id, entry))
@@ -151,6 +182,7 @@ class PoolManager(Generic[Host]):
         except BaseException as exc:
             if self.entries.get(model_id) is entry:
                 del self.entries[model_id]
+            self._room_changed()
             why = exc.message if isinstance(exc, APIError) else (str(exc) or type(exc).__name__)
             self._on_event("load_failed", model_id, why)
             log.error("pool %r: model %r failed to load: %s", self.plan.name, model_id, why)
@@ -167,6 +199,7 @@ class PoolManager(Generic[Host]):
                            headers={"Retry-After": str(math.ceil(retry))}) from None
         self._failed.pop(model_id, None)
         entry.host, entry.loading = host, None
+        self._room_changed()
         self._on_event("loaded", model_id, self._clock() - started)
         return host
 
@@ -185,6 +218,7 @@ class PoolManager(Generic[Host]):
             raise model_not_found(model_id)
         if not pinned:
             self.pins.discard(model_id)
+            self._room_changed()
         elif model_id in self.entries:
             self.pins.add(model_id)
 
@@ -233,6 +267,7 @@ class PoolManager(Generic[Host]):
 
     def _evict(self, model_id: str, reason: str) -> asyncio.Task:
         entry = self.entries.pop(model_id)
+        self._room_changed()
         log.info("pool %r: unloading model %r (%s)", self.plan.name, model_id, reason)
         task = asyncio.ensure_future(self._unload(entry.host))
         self._closing.add(task)
@@ -271,6 +306,14 @@ class PoolManager(Generic[Host]):
             self._evict(model_id, "shutdown")
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+class _PoolFull(Exception):
+    """No room for a model now: every model held is busy, pinned or loading (`error`: the 503 if it stays so)."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def _retrieved(task: asyncio.Task) -> None:

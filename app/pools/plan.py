@@ -11,7 +11,8 @@ MIB = 1 << 20
 class PoolPlan:
     """`needs`: each model's memory in bytes (its GGUF's size plus its KV cache; 0 when not measured: a
     remote file not fetched at build time). `budget_bytes` None: no memory budget. `failed_load_retry_s`: how long
-    a replica answers a model whose load failed with that failure before it tries the load again."""
+    a replica answers a model whose load failed with that failure before it tries the load again. `room_wait_s`: how
+    long a request for a model that finds every model held busy waits for one to go idle before its 503."""
 
     name: str
     max_models: int
@@ -20,6 +21,7 @@ class PoolPlan:
     idle_unload_s: float = 0.0
     failed_load_retry_s: float = 30.0
     needs: dict[str, int] = field(default_factory=dict)
+    room_wait_s: float = 30.0
 
     @property
     def models(self) -> list[str]:

@@ -5,6 +5,8 @@ Why not the event loop's default executor: it is one first-come queue for the wh
 requests that each take a thread for long fills every thread, and every other key's plain request then waits
 past its deadline. Here each key (a request's tenant: its key's name, "" without keys) has a queue of its own;
 a free thread takes the next job from the keys in turn, and no key holds more than `per_key` threads at once.
+Batch work (a batch job's lines, `low=True`) has queues of its own, served only when no interactive job can take
+the thread: a batch's lines being prepared never make an interactive request's preparation wait for a thread.
 A job whose caller stopped waiting (its deadline passed, its client left) before a thread took it never runs.
 
 A job that has started cannot be stopped from outside (Python threads cannot be killed), so what runs here must
@@ -46,6 +48,7 @@ class _Job:
 class _Tenant:
     queue: deque[_Job] = field(default_factory=deque)
     running: int = 0
+    low: bool = False  # a key's batch work: served after every interactive job that can run
 
 
 class PoolFull(Exception):
@@ -67,34 +70,36 @@ class PreparationPool:
         self._cv = threading.Condition()
         self._tenants: dict[str, _Tenant] = {}
         self._turns: deque[str] = deque()  # keys with queued jobs, the next to be served first
+        self._low_turns: deque[str] = deque()  # the same for batch work, served when no job of _turns can run
         self._workers: list[threading.Thread] = []
         self.busy = 0
 
-    async def run(self, tenant: str, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on one of the pool's threads, in `tenant`'s turn. Cancelling the caller (asyncio.timeout,
-        wait_for, a client gone) takes a job that has not started out of its queue, and marks a running one
-        `cancelled()`; its result is then dropped."""
-        job = self.submit(tenant, fn, *args)
+    async def run(self, tenant: str, fn: Callable[..., T], *args: Any, low: bool = False) -> T:
+        """`fn(*args)` on one of the pool's threads, in `tenant`'s turn (`low`: batch work, after interactive jobs).
+        Cancelling the caller (asyncio.timeout, wait_for, a client gone) takes a job that has not started out of its
+        queue, and marks a running one `cancelled()`; its result is then dropped."""
+        job = self.submit(tenant, fn, *args, low=low)
         try:
             return await job.future
         except asyncio.CancelledError:
             self.cancel(job)
             raise
 
-    def submit(self, tenant: str, fn: Callable[..., T], *args: Any) -> _Job:
+    def submit(self, tenant: str, fn: Callable[..., T], *args: Any, low: bool = False) -> _Job:
         """`fn(*args)` queued in `tenant`'s turn (on the running event loop): await its `future`; `cancel` it when
         no longer waited for. PoolFull when `max_waiting` jobs wait already."""
         loop = asyncio.get_running_loop()
-        job = _Job(fn, args, tenant, loop, loop.create_future())
+        job = _Job(fn, args, _LOW + tenant if low else tenant, loop, loop.create_future())
+        tenant = job.tenant
         with self._cv:
             if self.max_waiting is not None and self.waiting + self.busy >= self.threads + self.max_waiting:
                 raise PoolFull(self.name)
             self._start_workers()
-            entry = self._tenants.setdefault(tenant, _Tenant())
+            entry = self._tenants.setdefault(tenant, _Tenant(low=low))
             entry.queue.append(job)
             self.waiting += 1
             if len(entry.queue) == 1:
-                self._turns.append(tenant)
+                (self._low_turns if entry.low else self._turns).append(tenant)
             self._cv.notify()
         return job
 
@@ -126,26 +131,27 @@ class PreparationPool:
         """Under the lock: a key with nothing queued leaves the turns (and the table, once nothing of it runs)."""
         if not entry.queue:
             try:
-                self._turns.remove(tenant)
+                (self._low_turns if entry.low else self._turns).remove(tenant)
             except ValueError:
                 pass
             if not entry.running:
                 self._tenants.pop(tenant, None)
 
     def _next(self) -> _Job | None:
-        """Under the lock: the first job of the first key in turn that may take another thread; that key goes to
-        the back of the turns."""
-        for _ in range(len(self._turns)):
-            tenant = self._turns[0]
-            self._turns.rotate(-1)
-            entry = self._tenants[tenant]
-            if entry.running < self.per_key:
-                job = entry.queue.popleft()
-                entry.running += 1
-                self.waiting -= 1
-                if not entry.queue:
-                    self._turns.remove(tenant)
-                return job
+        """Under the lock: the first job of the first key in turn that may take another thread, interactive work
+        before batch work; that key goes to the back of its turns."""
+        for turns in (self._turns, self._low_turns):
+            for _ in range(len(turns)):
+                tenant = turns[0]
+                turns.rotate(-1)
+                entry = self._tenants[tenant]
+                if entry.running < self.per_key:
+                    job = entry.queue.popleft()
+                    entry.running += 1
+                    self.waiting -= 1
+                    if not entry.queue:
+                        turns.remove(tenant)
+                    return job
         return None
 
     def _work(self) -> None:
@@ -176,6 +182,9 @@ class PreparationPool:
                     job.loop.call_soon_threadsafe(_settle, job.future, result, error)
                 except RuntimeError:  # the caller's loop is closed: nobody waits
                     pass
+
+
+_LOW = "\x00batch:"  # a key's batch work queues under this prefix (no key's name holds a NUL)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

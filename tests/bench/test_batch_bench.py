@@ -53,3 +53,15 @@ def test_the_table_says_each_measurement_and_verdict():
 def test_the_defaults_are_the_issues_sizes():
     ns = parse_args([])
     assert ns.lines == 2000 and ns.interactive_concurrency == 4
+
+
+def test_segments_share_the_lines_and_pool_by_wall_time():
+    from bench.batch import pooled_batches, shares
+
+    assert shares(2000, 4) == [500, 500, 500, 500]
+    assert shares(10, 4) == [3, 3, 2, 2] and sum(shares(10, 4)) == 10
+    assert shares(3, 8) == [1, 1, 1]  # never an empty segment
+    pooled = pooled_batches([
+        {"n_ok": 10, "n_failed": 0, "completion_tokens": 600, "wall_s": 4.0, "each_once": True},
+        {"n_ok": 10, "n_failed": 1, "completion_tokens": 400, "wall_s": 6.0, "each_once": True}])
+    assert pooled["tokens_per_s"] == 100.0 and pooled["n_failed"] == 1 and pooled["each_once"]

@@ -14,6 +14,8 @@ import pytest
 from app.api.errors import as_api_error
 from app.engine import GenerationRequest, LlamaEngine, SamplingParams
 from app.engine.admission import BatchShare, InteractiveDemand, batch_share, interactive_first
+from app.engine.batch_rows import PROMPT_SLOWDOWN, SLOWDOWN, STARVED_STEPS, batch_row_budget
+from app.engine.step_times import StepTimes
 from app.engine.events import Event, Failed, Finished, Started
 from app.prompt.chat_template import render_prompt
 
@@ -149,5 +151,108 @@ def test_a_running_batch_line_gives_its_slot_to_an_interactive_request(bundled_s
         while engine.stats()["running"]:
             assert time.monotonic() < deadline, engine.stats()
             time.sleep(0.02)
+    finally:
+        engine.close()
+
+
+# -- rows in a step (app/engine/batch_rows.py, step_times.py) ---------------------------------------------------
+
+def cpu_like(per_row_s: float = 0.003, fixed_s: float = 0.003) -> StepTimes:
+    """Step times of a CPU: every row costs about as much as the next."""
+    times = StepTimes()
+    for rows in (1, 2, 4, 8, 16, 32, 64, 128):
+        times.observe(rows, fixed_s + per_row_s * rows)
+    return times
+
+
+def gpu_like() -> StepTimes:
+    """Step times of a GPU at small batches: rows nearly free."""
+    times = StepTimes()
+    for rows in (1, 2, 4, 8, 16, 32, 64, 128):
+        times.observe(rows, 0.010 + 0.00001 * rows)
+    return times
+
+
+def test_step_times_are_read_between_the_measured_sizes():
+    times = cpu_like()
+    assert times.seconds(4) == pytest.approx(0.015)
+    assert times.seconds(6) == pytest.approx(0.021)  # between the buckets of 4 and 8
+    assert times.seconds(300) == pytest.approx(0.903)  # the last slope beyond the largest
+    assert StepTimes().seconds(4) is None
+    one = StepTimes()
+    one.observe(10, 0.1)
+    assert one.seconds(20) == pytest.approx(0.2)  # one bucket: proportional to rows
+
+
+def test_step_times_follow_a_machine_that_changes():
+    times = StepTimes(smoothing=0.5)
+    times.observe(4, 0.010)
+    for _ in range(20):
+        times.observe(4, 0.020)
+    assert times.seconds(4) == pytest.approx(0.020, rel=1e-3)
+    times.observe(4, float("nan"))  # ignored, as are empty and negative steps
+    times.observe(0, 1.0)
+    times.observe(4, -1.0)
+    assert times.seconds(4) == pytest.approx(0.020, rel=1e-3)
+
+
+def test_batch_rows_fit_within_the_slowdown_the_hardware_allows():
+    # A CPU: 4 interactive rows take 15 ms; 20% more is one row of 3 ms.
+    assert cpu_like().extra_rows(4, 0.2, most=12) == 1
+    assert cpu_like().extra_rows(40, 0.2, most=12) == 8
+    # A GPU: twelve more rows cost nothing measurable.
+    assert gpu_like().extra_rows(4, 0.2, most=12) == 12
+    # A size never measured is tried once: that step measures it.
+    few = StepTimes()
+    few.observe(4, 0.015)
+    assert few.extra_rows(4, 0.2, most=12) == 12
+    assert cpu_like().extra_rows(4, 0.2, most=0) == 0
+
+
+def test_batch_row_budget_rules():
+    times = cpu_like()  # 3 ms a step plus 3 ms a row
+    assert batch_row_budget(0, False, 12, times, 0) is None  # no interactive request: every row
+    # 4 interactive rows take 15 ms: SLOWDOWN of that is rows of 3 ms each.
+    assert batch_row_budget(4, False, 12, times, 0) == int(0.015 * SLOWDOWN / 0.003 + 1e-9)
+    assert batch_row_budget(44, False, 12, times, 0) == int(0.135 * SLOWDOWN / 0.003 + 1e-9) > 0
+    # A step that prefills an interactive prompt keeps closer to its time alone: its first token's.
+    assert batch_row_budget(44, True, 12, times, 0) == int(0.135 * PROMPT_SLOWDOWN / 0.003 + 1e-9)
+    assert batch_row_budget(4, True, 12, times, 0) == 0
+    # Batch lines that went STARVED_STEPS steps without a row get one, whatever the step holds.
+    assert batch_row_budget(4, True, 12, times, STARVED_STEPS) == 1
+    assert batch_row_budget(1, False, 12, cpu_like(per_row_s=0.1), STARVED_STEPS - 1) == 0
+    assert batch_row_budget(4, False, 0, times, STARVED_STEPS) == 0  # nothing wanted, nothing given
+    assert batch_row_budget(4, False, 12, gpu_like(), 0) == 12
+
+
+class FixedTimes(StepTimes):
+    """Step times fixed for a test: the engine's own steps are not learnt."""
+
+    def __init__(self, times: StepTimes) -> None:
+        super().__init__()
+        self._buckets = times._buckets
+
+    def observe(self, rows: int, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("hardware,held", [("cpu", True), ("gpu", False)])
+def test_batch_lines_get_the_rows_interactive_requests_leave(bundled_spec, story, hardware, held):
+    """On CPU-like step times, batch lines beside an interactive stream go without most rows (and still finish);
+    on GPU-like ones they keep every row. The interactive reply is whole either way."""
+    engine = LlamaEngine(one_thread(bundled_spec, n_seq_max=4))
+    engine.step_times = FixedTimes(cpu_like() if hardware == "cpu" else gpu_like())
+    engine.start()
+    try:
+        log = Log()
+        for i in range(3):
+            submit(engine, log, f"b{i}", story, 64, batch=True)
+        log.wait(lambda: len(log.started) == 3, "the batch lines in their slots")
+        submit(engine, log, "i0", story, 24, batch=False)
+        log.wait(lambda: "i0" in log.finished, "interactive reply")
+        rows_held = engine.stats()["batch_rows_held"]
+        assert (rows_held > 24) if held else rows_held == 0, rows_held
+        log.wait(lambda: len(log.finished) == 4, "every batch line answered")
+        assert not log.failed
     finally:
         engine.close()

@@ -256,3 +256,31 @@ def test_recording_records_once_and_lets_the_exception_through():
         raise boom
     assert info.value is boom
     assert failures == [None, boom] and len(records.records) == 2
+
+
+def test_a_batch_lines_planning_that_never_got_a_thread_is_a_retryable_503():
+    """Batch work waits behind interactive jobs for the preparation threads: one whose budget passed before it got
+    a thread is the server's 503 (the runner sends the line again), not the line's 400."""
+    from app.generation.caller import Caller
+    from app.generation.lifecycle import off_loop
+    from app.tenants.prep_pool import PREPARATION
+
+    release, busy = threading.Event(), threading.Semaphore(0)
+
+    def hold() -> None:
+        busy.release()
+        release.wait(10)
+
+    async def main() -> None:
+        holders = [asyncio.ensure_future(PREPARATION.run(f"key{i // 2}", hold)) for i in range(PREPARATION.threads)]
+        try:
+            for _ in holders:
+                assert await asyncio.to_thread(busy.acquire, True, 5)
+            with pytest.raises(APIError) as info:
+                await off_loop(Limits(grammar_timeout_s=0.2), Caller(batch=True), lambda: "planned")
+            assert (info.value.status, info.value.code) == (503, "overloaded")
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+        assert await off_loop(Limits(grammar_timeout_s=5), Caller(batch=True), lambda: "planned") == "planned"
+    asyncio.run(main())

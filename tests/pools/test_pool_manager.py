@@ -183,7 +183,7 @@ def test_a_waiter_leaving_does_not_cancel_the_load_of_the_others():
 
 def test_a_pool_full_of_busy_models_answers_503_with_retry_after():
     async def run():
-        manager, loader, _ = make()
+        manager, loader, _ = make(room_wait_s=0)
         async with manager.use("a"), manager.use("b"):
             with pytest.raises(APIError) as refused:
                 await answer(manager, "c")
@@ -195,11 +195,58 @@ def test_a_pool_full_of_busy_models_answers_503_with_retry_after():
     asyncio.run(run())
 
 
+def test_a_request_for_a_cold_model_waits_for_a_busy_one_to_go_idle():
+    async def run():
+        manager, loader, events = make(room_wait_s=30)
+        release = asyncio.Event()
+
+        async def hold(model_id: str) -> None:
+            async with manager.use(model_id):
+                await release.wait()
+
+        holders = [asyncio.ensure_future(hold(m)) for m in ("a", "b")]
+        await asyncio.sleep(0.01)
+        cold = asyncio.ensure_future(answer(manager, "c"))
+        await asyncio.sleep(0.05)
+        assert not cold.done() and loader.loads == ["a", "b"]  # waiting, not refused
+        release.set()
+        assert await asyncio.wait_for(cold, 5) == ["c:", "hi"]
+        await asyncio.gather(*holders)
+        assert loader.loads == ["a", "b", "c"] and ("evicted", "a", "lru") in events
+    asyncio.run(run())
+
+
+def test_a_request_waits_for_room_no_longer_than_room_wait_s_then_503():
+    async def run():
+        manager, loader, _ = make(room_wait_s=0.2)
+        async with manager.use("a"), manager.use("b"):
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(APIError) as refused:
+                await answer(manager, "c")
+            assert 0.15 <= loop.time() - started < 2.0
+        assert refused.value.status == 503 and refused.value.headers["Retry-After"].isdigit()
+        assert loader.loads == ["a", "b"]
+    asyncio.run(run())
+
+
+def test_an_unpinned_model_makes_room_for_a_waiting_request():
+    async def run():
+        manager, loader, _ = make(max_models=1, room_wait_s=30, pinned=("a",))
+        assert await answer(manager, "a") == ["a:", "hi"]
+        cold = asyncio.ensure_future(answer(manager, "b"))
+        await asyncio.sleep(0.05)
+        assert not cold.done()
+        manager.set_pinned("a", False)
+        assert await asyncio.wait_for(cold, 5) == ["b:", "hi"]
+    asyncio.run(run())
+
+
 def test_a_loading_model_is_not_evicted():
     async def run():
         loader = Loader()
         loader.gate = asyncio.Event()
-        manager, _, _ = make(max_models=1, loader=loader)
+        manager, _, _ = make(max_models=1, loader=loader, room_wait_s=0)
         first = asyncio.ensure_future(answer(manager, "a"))
         await asyncio.sleep(0.01)
         with pytest.raises(APIError) as refused:

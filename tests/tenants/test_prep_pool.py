@@ -115,3 +115,23 @@ def test_the_queue_bound_and_a_constant_thread_count() -> None:
             await pool.run("d", lambda: None)
     asyncio.run(main())
     assert sum(t.name.startswith("bounded-") for t in threading.enumerate()) == 1
+
+
+def test_batch_work_waits_for_every_interactive_job_of_its_key() -> None:
+    pool = PreparationPool("t", threads=1, per_key=1)
+    started, release, slow = blocker()
+    order: list[str] = []
+
+    async def main():
+        first = asyncio.create_task(pool.run("k", slow, "first"))
+        await asyncio.to_thread(started.wait, 5)
+        # Queued while the one thread is busy: batch lines first, then interactive requests of the same key.
+        low = [asyncio.create_task(pool.run("k", order.append, f"batch{i}", low=True)) for i in range(3)]
+        await asyncio.sleep(0.01)
+        high = [asyncio.create_task(pool.run("k", order.append, f"chat{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(first, *low, *high)
+        assert order == ["chat0", "chat1", "batch0", "batch1", "batch2"]
+        assert pool.stats()["queued"] == {}
+    asyncio.run(main())
