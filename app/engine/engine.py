@@ -585,7 +585,7 @@ class LlamaEngine(DecodeThread):
                    and s.pending_prompt()]
         interactive_prompt = sum(len(s.pending_prompt()) for s in prompts if not s.gen.req.batch)
         interactive_rows = len(generating) - len(batch) + interactive_prompt
-        if interactive_rows == 0 and not interactive_prompt:
+        if interactive_rows == 0:
             self._batch_starved = 0
             return generating, None
         wanted = len(batch) + sum(len(s.pending_prompt()) for s in prompts if s.gen.req.batch)

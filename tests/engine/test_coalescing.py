@@ -50,7 +50,7 @@ class PacedEngine:
 async def chunks_of(engine: PacedEngine, interval_s: float) -> list[tuple[float, int, bool]]:
     """(arrival time, tokens, finished) of every chunk with text."""
     loop = asyncio.get_running_loop()
-    req = SimpleNamespace(request_id="r1", n=1, tenant="")
+    req = SimpleNamespace(request_id="r1", n=1, tenant="", batch=False)
     out = []
     async for batch in generate_stream(engine, req, interval_s):
         tokens = sum(ev.tokens for ev in batch if isinstance(ev, Text))
