@@ -141,6 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--segments", type=int, default=4,
                    help="turns of the throughput comparison: the lines split into this many closed-loop segments "
                         "and as many batches, taking turns")
+    p.add_argument("--parts", default="throughput,ttft",
+                   help="the comparisons to run: throughput, ttft or both (the other's rows are left out)")
     p.add_argument("--interactive-rounds", type=int, default=2,
                    help="turns of the TTFT comparison: each round one segment alone and one beside a batch")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds a batch may take")
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         loops: list[tuple[list[Any], float]] = []
         batches: list[dict[str, Any]] = []
         start = 0
-        for n, (arm, size) in enumerate(zip(turn_order(["loop", "batch"], ns.segments),
+        parts = set(ns.parts.split(","))
+        for n, (arm, size) in enumerate(zip(turn_order(["loop", "batch"], ns.segments if "throughput" in parts else 0),
                                             [k for k in shares(ns.lines, ns.segments) for _ in (0, 1)])):
             # Each segment sends requests start .. start+size of the --lines (both arms the same ones in turn).
             if arm == "loop":
@@ -217,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
                 batches.append(run_batch(client, lines, ns.timeout))
             if n % 2 == 1:
                 start += size
-        rows["closed loop at the slot count"] = pooled_loops(loops)
-        rows["batch alone"] = pooled_batches(batches)
+        if loops:
+            rows["closed loop at the slot count"] = pooled_loops(loops)
+            rows["batch alone"] = pooled_batches(batches)
         alone: list[tuple[list[Any], float]] = []
         beside: list[tuple[list[Any], float]] = []
         done_meanwhile = 0
-        for n, arm in enumerate(turn_order(["alone", "beside"], ns.interactive_rounds)):
+        for n, arm in enumerate(turn_order(["alone", "beside"], ns.interactive_rounds if "ttft" in parts else 0)):
             if arm == "alone":
                 log(f"interactive alone: {ns.interactive_requests} requests at {ns.interactive_concurrency} streams")
                 alone.append(closed_loop_results(base, model, ns.interactive_concurrency, ns.interactive_requests, ns,
@@ -237,14 +241,22 @@ def main(argv: list[str] | None = None) -> int:
             done_meanwhile += client.get(batch_id)["request_counts"]["completed"]
             client.cancel(batch_id)
             client.wait(batch_id, ("cancelled", "completed"), 600)
-        rows["interactive alone"] = pooled_loops(alone)
-        rows["interactive beside a batch"] = pooled_loops(beside)
-        rows["interactive beside a batch"]["batch_lines_done_meanwhile"] = done_meanwhile
+        if alone:
+            rows["interactive alone"] = pooled_loops(alone)
+            rows["interactive beside a batch"] = pooled_loops(beside)
+            rows["interactive beside a batch"]["batch_lines_done_meanwhile"] = done_meanwhile
     finally:
         server.stop()
-    verdict = verdicts(rows["closed loop at the slot count"]["tokens_per_s"], rows["batch alone"]["tokens_per_s"],
-                       rows["interactive alone"]["ttft_ms"]["p50"],
-                       rows["interactive beside a batch"]["ttft_ms"]["p50"])
+
+    def figure(row: str, *path: str) -> Any:
+        value: Any = rows.get(row)
+        for key in path:
+            value = (value or {}).get(key)
+        return value
+
+    verdict = verdicts(figure("closed loop at the slot count", "tokens_per_s"), figure("batch alone", "tokens_per_s"),
+                       figure("interactive alone", "ttft_ms", "p50"),
+                       figure("interactive beside a batch", "ttft_ms", "p50"))
     print("\n".join(table(rows, verdict)))
     write_run(ns.out / "batch.json", ns, rows=rows, verdicts=verdict)
     return 0

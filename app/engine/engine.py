@@ -38,7 +38,7 @@ from typing import Any
 from ..config.spec import ModelSpec, place
 from . import hardware
 from .adapter_turns import AdapterTurns
-from .batch_rows import batch_row_budget
+from .batch_rows import RECENT_S, batch_row_budget
 from .admission import (
     BACKFILL_S, BATCH_WAIT_S, InteractiveDemand, RecentTenants, admissible, batch_share, held_back, in_share_order,
     interactive_first,
@@ -113,6 +113,7 @@ class LlamaEngine(DecodeThread):
         self.step_times = StepTimes()  # batch_rows.py: what batch rows add to a step beside interactive ones
         self._batch_starved = 0  # steps since batch lines last had a row while interactive requests ran
         self.batch_rows_held = 0  # rows batch lines went without, beside interactive requests (stats)
+        self._interactive_step = (0, float("-inf"))  # its decoding interactive sequences and time (batch_rows.py)
         self.slots = [Slot(i) for i in range(spec.n_seq_max)]
         self.intake = Intake(spec, self.llama, self.projector, len(self.slots))
         # Prompt tokens per second this replica prefills (a moving average): whether reading a stored prefix beats
@@ -585,20 +586,27 @@ class LlamaEngine(DecodeThread):
                    and s.pending_prompt()]
         interactive_prompt = sum(len(s.pending_prompt()) for s in prompts if not s.gen.req.batch)
         interactive_rows = len(generating) - len(batch) + interactive_prompt
-        if interactive_rows == 0:
+        now = time.monotonic()
+        if interactive_rows:
+            self._interactive_step = (max(1, len(generating) - len(batch)), now)
+        recent_rows, at = self._interactive_step
+        if interactive_rows == 0 and (not batch and not prompts or now - at > RECENT_S):
             self._batch_starved = 0
             return generating, None
         wanted = len(batch) + sum(len(s.pending_prompt()) for s in prompts if s.gen.req.batch)
         budget = batch_row_budget(interactive_rows, interactive_prompt > 0, wanted, self.step_times,
-                                  self._batch_starved)
+                                  self._batch_starved, recent_rows if now - at <= RECENT_S else 0)
         if budget is None or budget >= wanted:
             self._batch_starved = 0
             return generating, None
         self.batch_rows_held += wanted - budget
-        batch.sort(key=lambda s: s.gen.row_step)
-        dropped = {id(s) for s in batch[budget:]}
+        # A block of neighbouring slots from the line that waited longest for a row: llama.cpp decodes each run of
+        # consecutive sequences as a graph of its own, so scattered rows would each cost one.
+        first = min(range(len(batch)), key=lambda i: batch[i].gen.row_step, default=0)
+        chosen = (batch[first:] + batch[:first])[:budget]
+        dropped = {id(s) for s in batch} - {id(s) for s in chosen}
         kept = [s for s in generating if id(s) not in dropped]
-        for slot in batch[:budget]:
+        for slot in chosen:
             slot.gen.row_step = self.steps
         left = max(0, budget - len(batch))
         self._batch_starved = 0 if budget else self._batch_starved + 1

@@ -208,14 +208,19 @@ class KVPlacement:
             if self.llama.seq_rm(slot, reuse, -1):  # keep the shared prefix, drop the rest
                 return reuse
         else:
-            # In one unified pool the cells are shared; across per-slot streams llama.cpp copies
-            # only whole streams (a partial copy aborts), so copy it all and trim.
+            # In one unified pool the cells are shared; across per-slot streams llama.cpp copies only whole streams
+            # (a partial copy aborts), all n_ctx cells of it, used or not: the source's state is read and written
+            # instead (its used cells only: 0.3 ms for 90 tokens where the stream copy took 9.5, a 2,048-cell
+            # stream of the bundled model), then trimmed; the whole-stream copy where llama.cpp refuses that.
             self.llama.seq_rm(slot, 0, -1)
             if reuse > 0 and self.kv_unified:
                 self.llama.seq_cp(source, slot, 0, reuse)
                 return reuse
             if reuse > 0:
-                self.llama.seq_cp(source, slot, -1, -1)
+                state, size = self.llama.seq_state(source)
+                if not (size and self.llama.set_seq_state(slot, state, size)):
+                    self.llama.seq_rm(slot, 0, -1)
+                    self.llama.seq_cp(source, slot, -1, -1)
                 if self.llama.seq_rm(slot, reuse, -1):
                     return reuse
         self.llama.seq_rm(slot, 0, -1)  # a whole-sequence removal always succeeds

@@ -53,6 +53,22 @@ class StepTimes:
         slope = max(0.0, (s1 - s0) / (r1 - r0)) if r1 > r0 else 0.0
         return max(s0 + slope * (rows - r0), 1e-9)
 
+    def rows_within(self, limit_s: float, most: int) -> int:
+        """The most rows (up to `most`) a step may have and take at most `limit_s`; `most` where that size was never
+        measured (that step measures it)."""
+        if most <= 0:
+            return 0
+        if not self.known(most):
+            return most
+        lo, hi = 0, most  # the largest n with seconds(n) <= limit_s (seconds grows with rows)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (self.seconds(mid) or 0.0) <= limit_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def extra_rows(self, base: int, slowdown: float, most: int) -> int:
         """How many rows (up to `most`) a step of `base` rows may take on beside them, keeping it within
         (1 + slowdown) times its time alone. A size never measured is tried (that step measures it): the budget
@@ -61,17 +77,9 @@ class StepTimes:
             return 0
         base = max(base, 1)
         alone = self.seconds(base)
-        if alone is None or not self.known(base + most):
+        if alone is None:
             return most
-        limit = alone * (1 + slowdown)
-        lo, hi = 0, most  # the largest n with seconds(base + n) <= limit (seconds grows with rows)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if (self.seconds(base + mid) or 0.0) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return max(0, self.rows_within(alone * (1 + slowdown), base + most) - base)
 
     def as_dict(self) -> dict[int, float]:
         """Mean seconds by mean rows, for stats."""

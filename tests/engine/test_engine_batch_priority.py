@@ -256,3 +256,21 @@ def test_batch_lines_get_the_rows_interactive_requests_leave(bundled_spec, story
         assert not log.failed
     finally:
         engine.close()
+
+
+def test_between_interactive_requests_a_step_keeps_to_their_steps_time():
+    times = cpu_like()  # 4 rows: 15 ms; 10% more admits 4.5 rows' time
+    assert batch_row_budget(0, False, 12, times, 0, recent_rows=4) == 4
+    assert batch_row_budget(0, False, 2, times, 0, recent_rows=4) == 2
+    assert batch_row_budget(0, False, 0, times, 0, recent_rows=4) == 0
+    assert batch_row_budget(0, False, 12, cpu_like(per_row_s=1.0), 0, recent_rows=1) == 1  # one at least
+    assert batch_row_budget(0, False, 12, gpu_like(), 0, recent_rows=4) == 12
+    assert batch_row_budget(0, False, 12, times, 0, recent_rows=0) is None  # none lately: every row
+
+
+def test_rows_within_a_time():
+    times = cpu_like()
+    assert times.rows_within(0.015, 12) == 4
+    assert times.rows_within(0.001, 12) == 0
+    assert times.rows_within(10.0, 12) == 12
+    assert StepTimes().rows_within(0.001, 12) == 12  # never measured: tried
