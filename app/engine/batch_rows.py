@@ -38,7 +38,7 @@ def batch_row_budget(interactive_rows: int, interactive_prompt: bool, wanted: in
     tokens included); `interactive_prompt`: whether it prefills an interactive prompt; `starved_steps`: steps since
     batch lines last had a row; `recent_rows`: the interactive sequences decoding in the last step that had
     interactive rows, if that was within RECENT_S (0: none)."""
-    if interactive_rows <= 0 and not interactive_prompt:
+    if interactive_rows <= 0:  # (an interactive prompt's tokens are interactive rows)
         if recent_rows <= 0:
             return None
         alone = times.seconds(recent_rows)

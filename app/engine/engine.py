@@ -582,20 +582,22 @@ class LlamaEngine(DecodeThread):
         longest for one first), and the rows left to batch lines' prompts (None: no bound). Without interactive
         requests in the step, every batch line has its row (batch_rows.py)."""
         batch = [s for s in generating if s.gen.req.batch]
-        prompts = [s for s in self.slots if s.state is SlotState.PREFILLING and self.adapters.in_turn(s)
-                   and s.pending_prompt()]
-        interactive_prompt = sum(len(s.pending_prompt()) for s in prompts if not s.gen.req.batch)
+        interactive_prompt = batch_prompt = 0  # prompt tokens this step would prefill, by kind
+        for slot in self.slots:
+            if slot.state is SlotState.PREFILLING and self.adapters.in_turn(slot):
+                n = len(slot.pending_prompt())
+                if slot.gen.req.batch:
+                    batch_prompt += n
+                else:
+                    interactive_prompt += n
         interactive_rows = len(generating) - len(batch) + interactive_prompt
         now = time.monotonic()
         if interactive_rows:
             self._interactive_step = (max(1, len(generating) - len(batch)), now)
         recent_rows, at = self._interactive_step
-        if interactive_rows == 0 and (not batch and not prompts or now - at > RECENT_S):
-            self._batch_starved = 0
-            return generating, None
-        wanted = len(batch) + sum(len(s.pending_prompt()) for s in prompts if s.gen.req.batch)
+        wanted = len(batch) + batch_prompt
         budget = batch_row_budget(interactive_rows, interactive_prompt > 0, wanted, self.step_times,
-                                  self._batch_starved, recent_rows if now - at <= RECENT_S else 0)
+                                  self._batch_starved, recent_rows if now - at <= RECENT_S else 0) if wanted else None
         if budget is None or budget >= wanted:
             self._batch_starved = 0
             return generating, None

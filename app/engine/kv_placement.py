@@ -9,8 +9,8 @@ recomputing or copying that prefix costs more than a gap. Batch lines (app/engin
 from the other end, the highest-numbered idle one: beside interactive requests they get few of a step's rows,
 and interactive sequences scattered among batch lines' slots would each be a run of their own (four interactive
 streams among twelve batch lines took 40 ms a step where packed they take 15); so interactive requests take an
-idle slot holding their prefix only below every batch line's slot. At least the last prompt token is always recomputed, so
-there are logits to sample from. Only KV computed in the prompt's cache scope is reused (kept, copied or
+idle slot holding their prefix only below every batch line's slot. At least the last prompt token is always
+recomputed, so there are logits to sample from. Only KV computed in the prompt's cache scope is reused (kept, copied or
 restored): other scopes' prefixes count as nothing. A prefix never ends inside one of the prompt's images.
 
 Beyond the replica's memory, the persistent tiers (app/kvstore: the node's disk, the cluster's store; `tiers`)
@@ -210,7 +210,7 @@ class KVPlacement:
         else:
             # In one unified pool the cells are shared; across per-slot streams llama.cpp copies only whole streams
             # (a partial copy aborts), all n_ctx cells of it, used or not: the source's state is read and written
-            # instead (its used cells only: 0.3 ms for 90 tokens where the stream copy took 9.5, a 2,048-cell
+            # instead (its used cells only: 0.8 ms for 90 tokens where the stream copy took 6-9.5, a 2,048-cell
             # stream of the bundled model), then trimmed; the whole-stream copy where llama.cpp refuses that.
             self.llama.seq_rm(slot, 0, -1)
             if reuse > 0 and self.kv_unified:
