@@ -30,6 +30,19 @@ def test_pooled_models_keep_their_pool():
     assert args.pools[0].max_models == 2 and args.pools[0].pinned == ["a"]
 
 
+@pytest.mark.parametrize("bad", [-1, 601, float("inf"), float("nan"), "soon"])
+def test_room_wait_s_is_a_finite_bounded_number(bad):
+    assert "room_wait_s" in refused({"models": [entry("a")], "pools": [{"name": "tail", "room_wait_s": bad}]})
+
+
+def test_room_wait_s_reaches_the_pools_plan():
+    from app.ops.pools import pool_plan
+
+    args = parse_args({"models": [entry("a")], "pools": [{"name": "tail", "room_wait_s": 2.5}]})
+    assert pool_plan(args.pools[0], []).room_wait_s == 2.5
+    assert parse_args({"models": [entry("a")], "pools": [{"name": "tail"}]}).pools[0].room_wait_s == 30
+
+
 def test_a_model_naming_an_unknown_pool_is_refused():
     assert "names pool 'tail', which is not configured" in refused({"models": [entry("a")]})
 
