@@ -4,6 +4,7 @@ comma-separated names its options take, a free port, the `llamaray` CLI run from
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import socket
 import subprocess
@@ -41,10 +42,24 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+# Ports for the servers a bench or a test starts: drawn from 20000-29999, which neither the kernel hands out for
+# outgoing or port-0 sockets (32768-60999 by default) nor Ray takes (its workers 10002-19999, Serve's direct ingress
+# 30000 and 40000 up). A port the kernel chose for us and we released could be taken by one of Ray's own sockets
+# before HAProxy bound it (a CI run failed so). Random, so two sessions on one machine rarely draw the same one.
+PORT_RANGE = (20000, 29999)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, on any interface (HAProxy binds 0.0.0.0)."""
+    for _ in range(200):
+        port = random.randint(*PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORT_RANGE}")
 
 
 def run_cli(cmd: list) -> None:

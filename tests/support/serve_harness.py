@@ -7,7 +7,6 @@ import copy
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ import yaml
 from app.ops.config_overlay import merge, without_unused_deployments
 from app.ops.ray_env import CLUSTER_RAY_ENV, local_ray_env
 from bench.harness import procfs
+from bench.harness.run import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "llamaray"
@@ -118,11 +118,6 @@ def batch_storage(shape: str) -> Path:
 
 _BATCH_DIR: Path | None = None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pool_deployments(shape: str, pool: str, max_ongoing_requests: int) -> list[dict[str, Any]]:
