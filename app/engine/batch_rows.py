@@ -10,10 +10,12 @@ where rows are nearly free, that is all of them; on a CPU, one or two. A step th
 `STARVED_STEPS` steps without a row get one, so a long interactive stream never stalls a batch outright. Batch
 lines take their turns round robin (the one that waited longest first).
 
-Between interactive requests (none in the step, but one in a step less than `RECENT_S` ago), a step keeps to the
-time of the interactive steps before it: a client's next request, or a burst's, then waits for a step no longer
-than theirs rather than for a batch step of every row (a closed loop of four clients, whose requests end and come
-back together, waited 50 ms more for its first token)."""
+Between interactive requests (none in the step, but one in a step less than `RECENT_S` ago), a step is short: a
+client whose request just ended sends its next within milliseconds (a closed loop; an agent's next turn after a
+tool call), and waits for the step under way, where alone it would have found the engine idle. So such a step
+takes at most `BETWEEN_SHARE` of the interactive steps' time, or a one-row step's where even one row takes more
+(a CPU: one row; a GPU, where a step of many rows takes a step of one's time: all). Four clients whose requests
+ended together waited half a step of four rows (~10 ms of a 35 ms first token) beside a batch, none alone."""
 
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ SLOWDOWN = 0.1
 PROMPT_SLOWDOWN = 0.02
 # Steps batch lines may go without a row while interactive requests run, before one of them gets one.
 STARVED_STEPS = 8
-# How long after a step with interactive rows the steps without them stay as short as those were.
+# How long after a step with interactive rows the steps without them stay short.
 RECENT_S = 1.0
+# Those steps' time, at most, as a share of the last interactive step's (or a one-row step's, where that is longer).
+BETWEEN_SHARE = 0.25
 
 
 def batch_row_budget(interactive_rows: int, interactive_prompt: bool, wanted: int, times: StepTimes,
@@ -41,8 +45,11 @@ def batch_row_budget(interactive_rows: int, interactive_prompt: bool, wanted: in
     if interactive_rows <= 0:  # (an interactive prompt's tokens are interactive rows)
         if recent_rows <= 0:
             return None
-        alone = times.seconds(recent_rows)
-        return wanted if alone is None else min(wanted, max(1, times.rows_within(alone * (1 + SLOWDOWN), wanted)))
+        alone, one_row = times.seconds(recent_rows), times.seconds(1)
+        if alone is None or one_row is None:
+            return wanted
+        limit = max(alone * BETWEEN_SHARE, one_row * (1 + SLOWDOWN))
+        return min(wanted, max(1, times.rows_within(limit, wanted)))
     budget = times.extra_rows(interactive_rows, PROMPT_SLOWDOWN if interactive_prompt else SLOWDOWN, wanted)
     if budget == 0 and wanted and starved_steps >= STARVED_STEPS:
         budget = 1

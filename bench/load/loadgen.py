@@ -321,6 +321,10 @@ def _dist_ms(values: Sequence[float], qs: Sequence[float] = (50, 90, 95, 99)) ->
     return out
 
 
+def _dist(values: Sequence[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50": percentile(values, 50), "mean": sum(values) / len(values) if values else None}
+
+
 def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
     """Aggregates of one run. Token throughput counts every completion token delivered (also those
     of cut streams) over `wall_s`; latency distributions are in milliseconds."""
@@ -353,5 +357,9 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]
         "itl_ms": _dist_ms(itls),
         "chunk_gap_ms": _dist_ms([g for r in results for g in r.gaps_s]),
         "latency_ms": _dist_ms([r.latency_s for r in results]),
+        # What each prompt had to prefill (usage's prompt tokens less its cached ones): whether two runs' TTFTs
+        # compare prompts found in the cache or prompts prefilled whole.
+        "uncached_prompt_tokens": _dist([r.prompt_tokens - (r.cached_tokens or 0) for r in results
+                                         if r.prompt_tokens is not None]),
         "errors": sorted({r.error for r in results if r.error})[:5],
     }

@@ -258,13 +258,16 @@ def test_batch_lines_get_the_rows_interactive_requests_leave(bundled_spec, story
         engine.close()
 
 
-def test_between_interactive_requests_a_step_keeps_to_their_steps_time():
-    times = cpu_like()  # 4 rows: 15 ms; 10% more admits 4.5 rows' time
-    assert batch_row_budget(0, False, 12, times, 0, recent_rows=4) == 4
-    assert batch_row_budget(0, False, 2, times, 0, recent_rows=4) == 2
+def test_between_interactive_requests_a_step_is_short():
+    times = cpu_like()  # a step of 4 rows 15 ms, of 1 row 6 ms: a quarter of 15 ms fits no row, so one row
+    assert batch_row_budget(0, False, 12, times, 0, recent_rows=4) == 1
     assert batch_row_budget(0, False, 0, times, 0, recent_rows=4) == 0
+    # 32 interactive rows lately (99 ms): a quarter of that is 24.75 ms, 7 rows of 3 ms and the 3 ms fixed cost.
+    assert batch_row_budget(0, False, 12, times, 0, recent_rows=32) == 7
     assert batch_row_budget(0, False, 12, cpu_like(per_row_s=1.0), 0, recent_rows=1) == 1  # one at least
+    # A GPU: a step of 12 rows takes a step of one's time, so all of them.
     assert batch_row_budget(0, False, 12, gpu_like(), 0, recent_rows=4) == 12
+    assert batch_row_budget(0, False, 12, StepTimes(), 0, recent_rows=4) == 12  # nothing measured yet: tried
     assert batch_row_budget(0, False, 12, times, 0, recent_rows=0) is None  # none lately: every row
 
 
