@@ -60,7 +60,7 @@ from .harness.bundled import SOURCE
 from .harness.procs import CpuMeter, wait_until_quiet
 from .harness.run import ROOT, VENV_BIN, free_port, log, run_cli, start_run
 from .harness.servers import ServeDriverServer
-from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, stream_chat, summarize
+from .load.loadgen import DEFAULT_PROMPTS, RequestResult, chat_payload, chat_url, percentile, stream_chat, summarize
 from .reports.tables import fmt, write_run
 
 N_MODELS = 6
@@ -205,7 +205,10 @@ def metric_total(text: str, name: str, **labels: str) -> float:
 def pool_counts(text: str) -> dict[str, float]:
     return {"loads": metric_total(text, "ray_llamaray_pool_loads_total", outcome="ok"),
             "load_failures": metric_total(text, "ray_llamaray_pool_loads_total", outcome="failed"),
-            "evictions": metric_total(text, "ray_llamaray_pool_evictions_total")}
+            "evictions": metric_total(text, "ray_llamaray_pool_evictions_total"),
+            "load_s": metric_total(text, "ray_llamaray_pool_load_seconds_sum"),
+            "room_waits": metric_total(text, "ray_llamaray_pool_room_wait_seconds_count"),
+            "room_wait_s": metric_total(text, "ray_llamaray_pool_room_wait_seconds_sum")}
 
 
 # ---- the load ---------------------------------------------------------------------------------------------
@@ -258,10 +261,13 @@ async def drive(base_url: str, models: list[str], weights: Sequence[float], *, c
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
     per_model: dict[str, int] = {}
+    ttfts: dict[str, list[float]] = {}
     for r in results:
         name = models[model_of(r.index, weights)]
         per_model[name] = per_model.get(name, 0) + 1
-    return {"results": results, "wall_s": wall, "busy_503": busy, "per_model": per_model}
+        if r.ttft_s is not None:
+            ttfts.setdefault(name, []).append(r.ttft_s)
+    return {"results": results, "wall_s": wall, "busy_503": busy, "per_model": per_model, "ttfts": ttfts}
 
 
 # ---- the report -------------------------------------------------------------------------------------------
@@ -273,11 +279,16 @@ def arm_record(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(s["wall_s"] for s in segments)
     summary = summarize(results, wall)
     minutes = wall / 60 if wall > 0 else float("nan")
-    counts = {k: sum(s["pool"].get(k, 0.0) for s in segments) for k in ("loads", "load_failures", "evictions")}
+    counts = {k: sum(s["pool"].get(k, 0.0) for s in segments)
+              for k in ("loads", "load_failures", "evictions", "load_s", "room_waits", "room_wait_s")}
     per_model: dict[str, int] = {}
     for s in segments:
         for m, n in s["per_model"].items():
             per_model[m] = per_model.get(m, 0) + n
+    ttfts: dict[str, list[float]] = {}
+    for s in segments:
+        for m, values in s.get("ttfts", {}).items():
+            ttfts.setdefault(m, []).extend(values)
     return {"arm": arm, "segments": len(segments), "wall_s": round(wall, 1), "n_requests": summary["n_requests"],
             "n_failed": summary["n_failed"], "busy_503": sum(s["busy_503"] for s in segments),
             "tokens_per_s": summary["tokens_per_s"], "ttft_p50_ms": summary["ttft_ms"]["p50"],
@@ -287,6 +298,12 @@ def arm_record(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
                              if wall > 0 else None),
             "other_cores": max((s["cpu"].get("other_cores", 0.0) for s in segments), default=0.0),
             "per_model": dict(sorted(per_model.items(), key=lambda kv: int(kv[0][1:]))),
+            # A cold request's parts: its wait for room (a held model to go idle), then the load itself.
+            "load_s_mean": counts["load_s"] / counts["loads"] if counts["loads"] else None,
+            "room_waits": counts["room_waits"],
+            "room_wait_s_mean": counts["room_wait_s"] / counts["room_waits"] if counts["room_waits"] else None,
+            "ttft_p50_ms_per_model": {m: percentile(v, 50) * 1000 for m, v in
+                                      sorted(ttfts.items(), key=lambda kv: int(kv[0][1:]))},
             "errors": summary["errors"]}
 
 
@@ -309,6 +326,14 @@ def format_table(rows: list[dict[str, Any]], failures: dict[str, str]) -> str:
     if rows:
         lines.append("requests per model: " + "; ".join(
             f"{r['arm']} " + ", ".join(f"{m} {n}" for m, n in r["per_model"].items()) for r in rows))
+        lines.append("TTFT p50 ms per model: " + "; ".join(
+            f"{r['arm']} " + ", ".join(f"{m} {fmt(v, '.0f')}" for m, v in r.get("ttft_p50_ms_per_model", {}).items())
+            for r in rows))
+    for r in rows:
+        if r.get("load_s_mean") is not None or r.get("room_waits"):
+            lines.append(f"{r['arm']}: a load {fmt(r.get('load_s_mean'), '.2f')} s on average; "
+                         f"{r.get('room_waits', 0):.0f} requests waited for room, "
+                         f"{fmt(r.get('room_wait_s_mean'), '.2f')} s on average")
     for name, why in failures.items():
         lines.append(f"{name}: {why}")
     return "\n".join(lines)

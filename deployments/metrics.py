@@ -81,6 +81,9 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_pool_evictions_total": ("counter", "Models a pool replica unloaded: lru (to make room), idle "
                                       "(idle_unload_s), admin (an unload route), shutdown.", None, ("pool", "model", "reason")),
     "llamaray_pool_load_seconds": ("histogram", "Time to load a pooled model.", _LATENCY_BUCKETS, ("pool",)),
+    "llamaray_pool_room_wait_seconds": ("histogram", "Time a request for a model its pool replica did not hold "
+                                        "waited for one of the models held to go idle (room_wait_s), before its "
+                                        "load or its 503.", _LATENCY_BUCKETS, ("pool",)),
     "llamaray_pool_loaded_models": ("gauge", "Models a pool replica holds (loaded or loading).", None, ("pool",)),
     "llamaray_batch_lines": ("gauge", "Lines of batch jobs by model: queued (not yet sent) and running (sent, not "
                              "answered).", None, ("model", "state")),
@@ -256,4 +259,7 @@ class PoolMetrics:
             metric("llamaray_pool_loads_total").inc(1, {**tags, "outcome": "failed"})
         elif event == "evicted":
             metric("llamaray_pool_evictions_total").inc(1, {**tags, "reason": str(detail)})
+        elif event == "room_waited":
+            metric("llamaray_pool_room_wait_seconds").observe(float(detail), {"pool": self.pool})
+            return
         metric("llamaray_pool_loaded_models").set(held, {"pool": self.pool})

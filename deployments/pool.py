@@ -25,7 +25,7 @@ from app.engine import GenerationRequest
 from app.engine.params import Job
 from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
-from app.pools.manager import PoolManager
+from app.pools.manager import POOL_ROOM, PoolManager
 from app.pools.plan import PoolPlan
 from app.transport.stream_channels import ChannelRoute
 
@@ -74,7 +74,8 @@ class LocalPool:
 
     def _event(self, event: str, model_id: str, detail: Any) -> None:
         self.metrics.record(event, model_id, detail, len(self.manager.entries))
-        self._on_change(event, model_id)
+        if event != "room_waited":  # a wait changes nothing the routers or /v1/models see
+            self._on_change(event, model_id)
 
     def states(self) -> dict[str, str]:
         return self.manager.states()
@@ -102,6 +103,11 @@ class LlamaPool:
         self._publish_lock = threading.Lock()
         self.pool = LocalPool(plan, specs, on_change=self._changed)
         self._publish()
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """What the pool router reads of this replica (Serve asks every request_routing_stats_period_s): how many
+        models could begin loading here now, without a wait for a held model to go idle."""
+        return {POOL_ROOM: self.pool.manager.room_now()}
 
     @serve.multiplexed(max_num_models_per_replica=-1)
     async def _routed(self, model_id: str) -> str:

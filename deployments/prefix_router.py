@@ -25,6 +25,7 @@ from ray.util import metrics
 
 from app.engine.params import GenerationRequest
 from app.pools.admin import PoolJob
+from app.pools.manager import POOL_ROOM
 from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 
 logger = logging.getLogger("ray.serve")
@@ -145,13 +146,23 @@ def named_replica(pending_request: PendingRequest | None) -> str | None:
     return None if job is None else job.replica
 
 
+def with_room(replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """The pool replicas that reported room for a model now (POOL_ROOM > 0), or all of them where none did (or
+    none reported yet)."""
+    roomy = [r for r in replicas if (r.routing_stats or {}).get(POOL_ROOM, 0) > 0]
+    return roomy or replicas
+
+
 class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):
     """A model pool's router (deployments/pool.py): Serve's multiplexed choice first (the replicas that hold the
     request's model; past Serve's matching timeout, those holding the fewest models, then any: a cold load),
     then the prefix choice among them. Of two replicas holding a popular model, a conversation's next turn
-    goes back to the one holding its KV. An admin job naming its replica (unload, pin) goes to that replica,
-    so it reaches each replica that may hold the model; a `deployments:` block that names another router
-    loses that (an unload then reaches one replica only)."""
+    goes back to the one holding its KV. A model no replica holds goes to a replica with room for it now (a free
+    place, or an idle model to evict: its `record_routing_stats`, at most a second old) where one has: elsewhere
+    it would wait for a held model's requests to end (seconds each on a CPU) before its load could begin. An
+    admin job naming its replica (unload, pin) goes to that replica, so it reaches each replica that may hold
+    the model; a `deployments:` block that names another router loses that (an unload then reaches one replica
+    only)."""
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -161,9 +172,12 @@ class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):
             if named:
                 return [named]
             # Gone: any replica takes it and answers `replica_gone` (LlamaPool.run), which the admin skips.
-        if pending_request is not None and pending_request.metadata.multiplexed_model_id:
+        model_id = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
+        if model_id:
             holding = self.apply_multiplex_routing(pending_request=pending_request)
             candidate_replicas = [r for r in candidate_replicas if r.replica_id in holding]
+            if not self._multiplexed_model_id_to_replica_ids.get(model_id):  # held nowhere: a cold load
+                candidate_replicas = with_room(candidate_replicas)
         return await super().choose_replicas(candidate_replicas, pending_request)
 
     def _routed(self, pending_request: PendingRequest | None) -> tuple[str, str] | None:

@@ -106,6 +106,10 @@ def pool_node_problems(plan: PoolPlan, request: dict[str, float], nodes: dict[st
             f"or place the pool on nodes with more memory"]
 
 
+# Seconds between a pool replica's reports of its room (LlamaPool.record_routing_stats): one actor call a second.
+ROOM_STATS_PERIOD_S = 1.0
+
+
 def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dict[str, Any]:
     """Options of `LlamaPool-<name>` without a block of its own, as a model deployment's
     (placement.model_deployment_defaults): CPUs for the most threads one of its models runs (loaded models
@@ -126,6 +130,9 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
         "request_router_config": {
             "request_router_class": POOL_ROUTER_CLASS,
             "request_router_kwargs": {"max_chars": max_chars_for(slots * pool.max_models, n_ctx)},
+            # How fresh the router's view of each replica's room for a cold model is (Serve's default: 10 s,
+            # longer than a request here).
+            "request_routing_stats_period_s": ROOM_STATS_PERIOD_S,
         },
     }
 

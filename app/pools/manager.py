@@ -30,7 +30,10 @@ log = logging.getLogger("llamaray.pool")
 Host = TypeVar("Host")
 PoolState = Literal["loaded", "loading", "available"]
 # What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
-Event = Literal["loaded", "load_failed", "evicted"]
+Event = Literal["loaded", "load_failed", "evicted", "room_waited"]
+
+# The key of a pool replica's routing stats that says how many models could begin loading there now (room_now).
+POOL_ROOM = "pool_room"
 FULL_RETRY_AFTER_S = 2
 UNLOAD_WAIT_S = 10.0  # how long an unload waits for the model's requests (and a load under way) to end
 
@@ -88,6 +91,14 @@ class PoolManager(Generic[Host]):
         return {m: {"state": self.state(m), "pinned": m in self.pins, "active": e.active}
                 for m, e in self.entries.items()}
 
+    def room_now(self) -> int:
+        """Models a request could begin loading here now, without waiting for room: free places under max_models
+        and idle models it may evict (the pool router sends a model no replica holds to a replica with room,
+        deployments/prefix_router.py). A hint: the memory budget may still make a load evict two."""
+        free = max(0, self.plan.max_models - len(self.entries))
+        idle = sum(1 for m, e in self.entries.items() if e.host is not None and e.active == 0 and m not in self.pins)
+        return free + idle
+
     def adopt(self, model_id: str, host: Host) -> None:
         """A model loaded before the loop serves (a pinned model, at the replica's start)."""
         self.entries[model_id] = _Entry(host=host, last_used=self._clock())
@@ -124,19 +135,26 @@ class PoolManager(Generic[Host]):
         goes idle, within the plan's room_wait_s (then the 503 of a full pool). Batch work (`evict` False) waits
         for nothing: its runner sends the line again later."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.plan.room_wait_s
-        while True:
-            try:
-                return self.entries.get(model_id) or self._begin_load(model_id, evict)
-            except _PoolFull as full:
-                left = deadline - loop.time()
-                if not evict or left <= 0:
-                    raise full.error from None
-                changed = self._room
+        began = loop.time()
+        deadline = began + self.plan.room_wait_s
+        waited = False
+        try:
+            while True:
                 try:
-                    await asyncio.wait_for(changed.wait(), left)
-                except asyncio.TimeoutError:
-                    raise full.error from None
+                    return self.entries.get(model_id) or self._begin_load(model_id, evict)
+                except _PoolFull as full:
+                    left = deadline - loop.time()
+                    if not evict or left <= 0:
+                        raise full.error from None
+                    waited = True
+                    changed = self._room
+                    try:
+                        await asyncio.wait_for(changed.wait(), left)
+                    except asyncio.TimeoutError:
+                        raise full.error from None
+        finally:
+            if waited:  # what a cold request spends before its load, apart from the load (metrics, bench.pool)
+                self._on_event("room_waited", model_id, loop.time() - began)
 
     def _room_changed(self) -> None:
         """A model went idle or away, or a load ended: the requests waiting for room look again."""

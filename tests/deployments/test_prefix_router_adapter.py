@@ -17,6 +17,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 from app.engine.jobs import CountPromptJob  # noqa: E402
 from app.engine.params import GenerationRequest, InfillPrompt  # noqa: E402
 from deployments.prefix_router import PoolAffinityRouter, PrefixAffinityRouter, prompt_of  # noqa: E402
+from app.pools.manager import POOL_ROOM  # noqa: E402
 
 DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
 SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range(60))
@@ -25,10 +26,13 @@ SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range
 class StandIn:
     """What a router reads of a RunningReplica, plus the probe it answers."""
 
-    def __init__(self, name: str, ongoing: int = 0, capacity: int = 4, models: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, ongoing: int = 0, capacity: int = 4, models: tuple[str, ...] = (),
+                 room: int | None = None) -> None:
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEP)
         self.ongoing, self.max_ongoing_requests, self.probes = ongoing, capacity, 0
         self.multiplexed_model_ids = set(models)  # a pool replica's loaded models, as Serve reports them
+        # A pool replica's routing stats (LlamaPool.record_routing_stats); {} before its first report.
+        self.routing_stats = {} if room is None else {POOL_ROOM: room}
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         self.probes += 1
@@ -195,6 +199,25 @@ def test_a_pool_goes_to_the_replicas_holding_the_model_then_to_the_one_holding_t
         # The same prompt under another model the same replicas hold: its KV is not there, so by load.
         assert names(await router.choose_replicas([a, b, c], for_model("m3", turn2))) == [["a"], ["b"]]
         assert names(await router.choose_replicas([a, b, c], for_model("m2", turn2))) == [["c"]]
+
+    asyncio.run(run())
+
+
+def test_a_model_no_pool_replica_holds_goes_to_a_replica_with_room_for_it():
+    async def run():
+        # a holds two busy models (no room); b, busier by requests, has an idle model it may evict.
+        a = StandIn("a", ongoing=1, models=("m1", "m2"), room=0)
+        b = StandIn("b", ongoing=3, models=("m3", "m4"), room=1)
+        router = await new_router(a, b, router_class=PoolAffinityRouter)
+        assert names(await router.choose_replicas([a, b], for_model("m5", "hello"))) == [["b"]]
+        # A model a replica holds goes there whatever the room.
+        assert names(await router.choose_replicas([a, b], for_model("m1", "hello"))) == [["a"]]
+        # No replica with room (or none reported yet): by load, as before. (Another model each time: Serve waits
+        # for the first cold request's replica to report the model before it routes that model's next requests.)
+        b.routing_stats = {POOL_ROOM: 0}
+        assert names(await router.choose_replicas([a, b], for_model("m7", "hello"))) == [["a"], ["b"]]
+        a.routing_stats = b.routing_stats = {}
+        assert names(await router.choose_replicas([a, b], for_model("m6", "hello"))) == [["a"], ["b"]]
 
     asyncio.run(run())
 
