@@ -69,7 +69,9 @@ MAX_MODELS = 2
 CPUS = 2
 ARMS = {"pool": f"LlamaPool-{POOL}: 2 replicas x 1 CPU, max_models {MAX_MODELS}",
         "dedicated": f"{N_MODELS} LlamaModel deployments x 1/3 CPU"}
-MODEL_KEYS = {"n_ctx": 1024, "n_seq_max": 4, "n_threads": 1, "n_gpu_layers": 0}
+# prompt_cache_mib: both arms' clusters are up at once on one machine, ten engines and the ones being unloaded; at
+# the default 1 GiB each (and 256 MiB of queued KV writes) a long run of the agent workload filled a 24 GiB node.
+MODEL_KEYS = {"n_ctx": 1024, "n_seq_max": 4, "n_threads": 1, "n_gpu_layers": 0, "prompt_cache_mib": 256}
 SEED_BASE = 7000
 SEGMENT_STRIDE = 100_000  # request indices of segment r start at r * SEGMENT_STRIDE (same in both arms)
 RETRY_FOR_S = 60.0        # how long a request is sent again while the pool answers 503

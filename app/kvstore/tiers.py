@@ -33,7 +33,9 @@ log = logging.getLogger("llamaray.kvstore")
 RETRY_S = 30.0          # a failing tier is set aside this long
 REFRESH_S = 10.0        # the cluster store's index is read again this often (other replicas write to it)
 DISK_RESCAN_S = 60.0    # and the disk's (other replicas on this node write to it)
-MAX_QUEUED_BYTES = 1 << 30  # states waiting to be written; past it a save is dropped (and counted)
+# States waiting to be written; past it a save is dropped (and counted). It absorbs a burst of saves (a few
+# states of long prompts) while the writer catches up; every loaded model may hold this much, so it stays small.
+MAX_QUEUED_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 from ..model_sources.gguf import read_metadata
 from ..config.schema import ModelConfig
 from ..config.spec import ModelSpec
+from ..kvstore.tiers import MAX_QUEUED_BYTES
 
 GIB = 1 << 30
 
@@ -91,16 +92,25 @@ def local_gguf_files(spec: ModelSpec) -> list[str]:
     return [spec.path, *([draft] if draft and Path(draft).is_file() else [])]
 
 
+def host_cache_bytes(spec: ModelSpec) -> int:
+    """Host memory a loaded model may take beyond its weights and KV: its prompt cache (prompt_cache_mib) and, with
+    the KV tiers on, the states queued for writing to them (at most MAX_QUEUED_BYTES). Host memory on every node,
+    also where the weights and KV are on a GPU; not in a pool's memory_budget_mib, which bounds its models' weights
+    and KV (GPU memory on GPU nodes)."""
+    tiers_on = spec.kv_disk_dir != "" or bool(spec.kv_store)
+    return int(spec.prompt_cache_mib * (1 << 20)) + (MAX_QUEUED_BYTES if tiers_on else 0)
+
+
 def model_memory(spec: ModelSpec, cfg: ModelConfig, request: dict[str, float]) -> tuple[dict[str, int], int, str]:
-    """({file: bytes} of the weights a replica maps, KV bytes per replica, note) of a model that runs on the
-    host, its draft model's included; ({}, 0, why) when it is not measured here (it reserves a GPU, or its
-    file is not on this machine)."""
+    """({file: bytes} of the weights a replica maps, KV and host cache bytes per replica, note) of a model that
+    runs on the host, its draft model's included; ({}, 0, why) when it is not measured here (it reserves a GPU, or
+    its file is not on this machine)."""
     if request.get("GPU", 0) > 0:
         return {}, 0, "on a GPU: host memory not counted"
     paths = local_gguf_files(spec)
     if not paths:
         return {}, 0, "no local GGUF: memory not counted"
-    files, kv = {}, 0
+    files, kv = {}, host_cache_bytes(spec)
     for path in paths:
         files[path], cache = gguf_memory(path, cfg.n_ctx, cfg.n_seq_max, cfg.cache_type_k, cfg.cache_type_v)
         kv += cache

@@ -14,9 +14,11 @@ from app.ops.capacity import (
     Capacity,
     cluster_capacity,
     fewest_replicas,
+    host_cache_bytes,
     kv_cache_bytes,
     local_node,
 )
+from app.kvstore.tiers import MAX_QUEUED_BYTES
 from app.ops.cli import capacity_for, main as cli_main
 from app.ops.config_check import check_config
 from app.ops.placement import CHAT_PROCESSOR_DEFAULTS, INGRESS_DEFAULTS
@@ -83,8 +85,20 @@ def test_memory_is_the_file_once_and_each_replicas_kv_cache():
     small = Capacity({"CPU": 64.0, "memory": float(size)}, "a small node")
     (line,) = check_config(_config(2), capacity=small)
     assert "memory in all" in line and f"model files {size / GIB:.2f} GiB" in line, line
-    roomy = Capacity({"CPU": 64.0, "memory": float(size + 2 * kv_cache_bytes(meta, 512, 2))}, "a node")
+    # Each replica: its KV cache and its host caches (the prompt cache, the KV tiers' write queue).
+    per_replica = kv_cache_bytes(meta, 512, 2) + host_cache_bytes(spec)
+    roomy = Capacity({"CPU": 64.0, "memory": float(size + 2 * per_replica)}, "a node")
     assert check_config(_config(2), capacity=roomy) == []
+    short = Capacity({"CPU": 64.0, "memory": float(size + 2 * per_replica - 1)}, "a node")
+    assert check_config(_config(2), capacity=short) != []
+
+
+def test_host_caches_are_the_prompt_cache_and_with_kv_tiers_their_write_queue():
+    base = ModelConfig(id="m", model_path=BUNDLED, prompt_cache_mib=100)
+    spec = resolve_model(base, None)
+    assert host_cache_bytes(spec) == 100 * (1 << 20) + MAX_QUEUED_BYTES  # the disk tier is on by default
+    off = resolve_model(ModelConfig(id="m", model_path=BUNDLED, prompt_cache_mib=0, kv_cache={"disk": False}), None)
+    assert host_cache_bytes(off) == 0
 
 
 def test_a_draft_models_file_and_kv_cache_are_counted(tmp_path):
@@ -95,9 +109,10 @@ def test_a_draft_models_file_and_kv_cache_are_counted(tmp_path):
     model_kv, draft_kv = (kv_cache_bytes(read_metadata(p), 512, 2) for p in (spec.path, draft))
     sizes = __import__("os").path.getsize(spec.path) + __import__("os").path.getsize(draft)
     config = _config(1, speculative={"type": "draft", "draft_model": draft})
-    enough = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv)}, "a node")
+    host = host_cache_bytes(spec)
+    enough = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv + host)}, "a node")
     assert check_config(config, capacity=enough) == []
-    short = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv - 1)}, "a node")
+    short = Capacity({"CPU": 64.0, "memory": float(sizes + model_kv + draft_kv + host - 1)}, "a node")
     (line,) = check_config(config, capacity=short)
     assert f"model files {sizes / GIB:.2f} GiB" in line, line
 
