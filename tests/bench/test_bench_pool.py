@@ -62,14 +62,18 @@ ray_llamaray_pool_loads_total{model="m2",outcome="ok",pool="fleet",ReplicaId="y"
 ray_llamaray_pool_loads_total{model="m3",outcome="failed",pool="fleet",ReplicaId="y"} 1.0
 ray_llamaray_pool_evictions_total{model="m2",pool="fleet",reason="lru"} 4.0
 ray_llamaray_pool_load_seconds_count{model="m1",pool="fleet"} 9.0
+ray_llamaray_pool_load_seconds_sum{pool="fleet"} 2.5
+ray_llamaray_pool_room_wait_seconds_count{pool="fleet"} 2.0
+ray_llamaray_pool_room_wait_seconds_sum{pool="fleet"} 3.0
 """
 
 
 def test_pool_counts_sum_the_metric_samples_by_label():
     assert metric_total(METRICS, "ray_llamaray_pool_loads_total") == 6.0
     assert metric_total(METRICS, "ray_llamaray_pool_loads_total", model="m1") == 3.0
-    assert pool_counts(METRICS) == {"loads": 5.0, "load_failures": 1.0, "evictions": 4.0}
-    assert pool_counts("") == {"loads": 0.0, "load_failures": 0.0, "evictions": 0.0}
+    assert pool_counts(METRICS) == {"loads": 5.0, "load_failures": 1.0, "evictions": 4.0, "load_s": 2.5,
+                                    "room_waits": 2.0, "room_wait_s": 3.0}
+    assert set(pool_counts("").values()) == {0.0}
 
 
 def result(index: int, ttft_s: float, tokens: int, outcome: str = "ok") -> RequestResult:
@@ -79,7 +83,9 @@ def result(index: int, ttft_s: float, tokens: int, outcome: str = "ok") -> Reque
 
 def test_an_arms_row_pools_its_segments_and_the_table_gives_the_ratio():
     seg = {"wall_s": 30.0, "busy_503": 1, "per_model": {"m1": 2, "m2": 1}, "cpu": {"other_cores": 0.3, "server_cores": 1.0},
-           "pool": {"loads": 3.0, "evictions": 2.0, "load_failures": 0.0}}
+           "pool": {"loads": 3.0, "evictions": 2.0, "load_failures": 0.0, "load_s": 1.5, "room_waits": 1.0,
+                    "room_wait_s": 2.0},
+           "ttfts": {"m1": [0.1, 0.3], "m2": [0.2]}}
     pool = arm_record("pool", [{**seg, "results": [result(0, 0.1, 60), result(1, 0.3, 60)]},
                                {**seg, "results": [result(2, 0.2, 60)], "cpu": {"other_cores": 0.6, "server_cores": 0.5}}])
     assert pool["n_requests"] == 3 and pool["busy_503"] == 2
@@ -94,6 +100,11 @@ def test_an_arms_row_pools_its_segments_and_the_table_gives_the_ratio():
     assert "| pool | 3 | 0 | 2 | 3.0 | 200 |" in text
     assert "pool / dedicated: tok/s x0.38, TTFT p50 x2.00" in text
     assert "other: not started" in text
+    # A cold request's parts, apart: 6 loads of 0.5 s, 2 waits for room of 2 s; TTFT p50 by model.
+    assert pool["load_s_mean"] == pytest.approx(0.5) and pool["room_wait_s_mean"] == pytest.approx(2.0)
+    assert pool["ttft_p50_ms_per_model"] == {"m1": pytest.approx(200), "m2": pytest.approx(200)}
+    assert "pool: a load 0.50 s on average; 2 requests waited for room, 2.00 s on average" in text
+    assert "TTFT p50 ms per model: pool m1 200, m2 200" in text
 
 
 def test_the_arms_take_turns_each_round_reversing_the_last():
