@@ -278,6 +278,10 @@ class LlamaEngine(DecodeThread):
         super().close()
         if self.placement.tiers is not None:
             self.placement.tiers.close()
+        # A closed engine is freed only when Python's cycle collector finds it (it and its placement refer to each
+        # other), which counts objects, not bytes: a pool replica that reloaded its models kept every closed
+        # engine's prompt cache, gigabytes within minutes. So its largest holding goes now.
+        self.placement.prompt_cache.clear()
         self._masks.close()
         self._batch.free()
         if self.llama.ctx is not None and not self._thread.is_alive():

@@ -121,6 +121,14 @@ class PromptCache:
         if not len(table):
             del self._tables[entry.scope]
 
+    def clear(self) -> None:
+        """Every entry dropped (the engine is closing): its states freed now, not whenever the collector finds
+        the closed engine."""
+        with self._lock:
+            self._entries.clear()
+            self._tables.clear()
+            self.bytes = 0
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._entries), "bytes": self.bytes, "hits": self.hits}

@@ -123,6 +123,35 @@ def test_a_prompt_back_after_its_slot_was_reused_is_restored(bundled_spec):
     assert text2 == text1 and end2.completion_tokens == end1.completion_tokens
 
 
+def test_clear_drops_every_entry():
+    cache = PromptCache(max_bytes=100, min_tokens=4)
+    cache.put(tokens((1000, 10)), "A", 40, "")
+    cache.put(tokens((2000, 10)), "B", 40, "k")
+    cache.clear()
+    assert (cache.bytes, len(cache)) == (0, 0) and cache.best(tokens((1000, 10)), "") == (None, 0)
+    cache.put(tokens((1000, 10)), "A", 40, "")  # still usable
+    assert cache.best(tokens((1000, 10)), "")[0].state == "A"
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_engine_lets_go_of_its_prompt_cache(bundled_spec):
+    """A closed engine is freed only when Python's cycle collector finds it; a pool replica that reloads models
+    kept every closed engine's cache until then (gigabytes), so close() empties it."""
+    from app.prompt.chat_template import render_prompt
+
+    a, b = (render_prompt(bundled_spec.chat_template, [{"role": "user", "content": q}]) for q in QUESTIONS)
+    engine = _one_slot_engine(bundled_spec, 64)
+    try:
+        async def scenario():
+            await _run(engine, a)
+            await _run(engine, b)  # a's KV goes to the cache
+        run_until_idle(engine, scenario())
+        assert engine.placement.prompt_cache.bytes > 0
+    finally:
+        engine.close()
+    assert engine.placement.prompt_cache.bytes == 0 and len(engine.placement.prompt_cache) == 0
+
+
 @pytest.mark.timeout(300)
 def test_without_the_cache_the_prompt_is_prefilled_again(bundled_spec):
     _, (start2, _, _), stats = _a_b_a(bundled_spec, cache_mib=0)
