@@ -126,6 +126,12 @@ class ModelSpec:
     pool: str = ""  # ModelConfig.pool: served by that pool's replicas, not a deployment of its own
 
     @property
+    def keeps_prompt_kv(self) -> bool:
+        """Whether its engine keeps prompts' KV beyond their slots (a llama.cpp chat model with its file here: the
+        prompt cache in host memory, the KV tiers beyond it)."""
+        return self.kind == "chat" and self.engine == "llama" and bool(self.path)
+
+    @property
     def takes_images(self) -> bool:
         """Whether requests may carry images: the model has a multimodal projector (local or fetched)."""
         return bool(self.mmproj_path or self.mmproj_source)

@@ -36,7 +36,7 @@ def disk_dir(spec: ModelSpec) -> Path | None:
 
 def open_tiers(spec: ModelSpec, storage_options: dict[str, Any] | None = None) -> TieredStore | None:
     """The model's tiers, started (their key is found in the background); None when it keeps nothing beyond memory."""
-    if spec.kind != "chat" or spec.engine != "llama" or not spec.path:
+    if not spec.keeps_prompt_kv:
         return None
     root = disk_dir(spec)
     tiers: list[Any] = []

@@ -97,6 +97,8 @@ def host_cache_bytes(spec: ModelSpec) -> int:
     the KV tiers on, the states queued for writing to them (at most MAX_QUEUED_BYTES). Host memory on every node,
     also where the weights and KV are on a GPU; not in a pool's memory_budget_mib, which bounds its models' weights
     and KV (GPU memory on GPU nodes)."""
+    if not spec.keeps_prompt_kv:
+        return 0
     tiers_on = spec.kv_disk_dir != "" or bool(spec.kv_store)
     return int(spec.prompt_cache_mib * (1 << 20)) + (MAX_QUEUED_BYTES if tiers_on else 0)
 

@@ -95,9 +95,7 @@ class PoolManager(Generic[Host]):
         """Models a request could begin loading here now, without waiting for room: free places under max_models
         and idle models it may evict (the pool router sends a model no replica holds to a replica with room,
         deployments/prefix_router.py). A hint: the memory budget may still make a load evict two."""
-        free = max(0, self.plan.max_models - len(self.entries))
-        idle = sum(1 for m, e in self.entries.items() if e.host is not None and e.active == 0 and m not in self.pins)
-        return free + idle
+        return max(0, self.plan.max_models - len(self.entries)) + len(self._idle())
 
     def adopt(self, model_id: str, host: Host) -> None:
         """A model loaded before the loop serves (a pinned model, at the replica's start)."""
@@ -277,10 +275,14 @@ class PoolManager(Generic[Host]):
                        f"again in {math.ceil(wait)} s)", status=error.status, type=error.type, code=error.code,
                        headers={"Retry-After": str(math.ceil(wait))}, logged=True)
 
-    def _lru_idle(self) -> str | None:
-        """The least recently used model that may go: loaded, not pinned, no request on it."""
-        idle = [(e.last_used, m) for m, e in self.entries.items()
+    def _idle(self) -> list[tuple[float, str]]:
+        """(last used, model) of each model that may go: loaded, not pinned, no request on it."""
+        return [(e.last_used, m) for m, e in self.entries.items()
                 if e.host is not None and e.active == 0 and m not in self.pins]
+
+    def _lru_idle(self) -> str | None:
+        """The least recently used model that may go."""
+        idle = self._idle()
         return min(idle)[1] if idle else None
 
     def _evict(self, model_id: str, reason: str) -> asyncio.Task:
@@ -301,8 +303,7 @@ class PoolManager(Generic[Host]):
         if self.plan.idle_unload_s <= 0:
             return []
         now = self._clock()
-        gone = [m for m, e in self.entries.items() if e.host is not None and e.active == 0
-                and m not in self.pins and now - e.last_used >= self.plan.idle_unload_s]
+        gone = [m for last_used, m in self._idle() if now - last_used >= self.plan.idle_unload_s]
         for model_id in gone:
             self._evict(model_id, "idle")
         return gone

@@ -3,6 +3,8 @@ memory measured from the GGUF) against what a node or a cluster file has, in bot
 
 from __future__ import annotations
 
+import dataclasses
+
 import yaml
 
 from app.model_sources.gguf import read_metadata
@@ -99,6 +101,8 @@ def test_host_caches_are_the_prompt_cache_and_with_kv_tiers_their_write_queue():
     assert host_cache_bytes(spec) == 100 * (1 << 20) + MAX_QUEUED_BYTES  # the disk tier is on by default
     off = resolve_model(ModelConfig(id="m", model_path=BUNDLED, prompt_cache_mib=0, kv_cache={"disk": False}), None)
     assert host_cache_bytes(off) == 0
+    # Only a llama.cpp chat engine keeps prompts' KV: an embedding model's engine has neither.
+    assert host_cache_bytes(dataclasses.replace(spec, kind="embedding")) == 0
 
 
 def test_a_draft_models_file_and_kv_cache_are_counted(tmp_path):
