@@ -30,6 +30,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,14 @@ class BatchClient:
         return answer.json()
 
     def wait(self, batch_id: str, until: tuple[str, ...], timeout_s: float, every_s: float = 0.5) -> dict[str, Any]:
+        """The batch once its status is one of `until`."""
+        return self.wait_for(batch_id, lambda batch: batch["status"] in until, timeout_s, every_s)
+
+    def wait_for(self, batch_id: str, done: Callable[[dict[str, Any]], bool], timeout_s: float,
+                 every_s: float = 0.5) -> dict[str, Any]:
+        """The batch, polled every `every_s` until `done(batch)`; TimeoutError past `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while (batch := self.get(batch_id))["status"] not in until:
+        while not done(batch := self.get(batch_id)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} still {batch['status']} after {timeout_s:.0f} s")
             time.sleep(every_s)
@@ -157,14 +164,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds a batch may take")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     return p.parse_args(argv)
-
-
-def wait_first_line(client: BatchClient, batch_id: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.get(batch_id)["request_counts"]["completed"] < 1:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"batch {batch_id} finished no line in {timeout_s:.0f} s")
-        time.sleep(0.2)
 
 
 def run_batch(client: BatchClient, lines: list[dict[str, Any]], timeout_s: float) -> dict[str, Any]:
@@ -261,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_id = client.start(batch_lines(ns.lines, model, ns.max_tokens, ns.temperature,
                                                 seed_base=SEED_BASE + 7 + n))
             client.wait(batch_id, ("in_progress",), 600, every_s=0.2)
-            wait_first_line(client, batch_id, 600)
+            client.wait_for(batch_id, lambda batch: batch["request_counts"]["completed"] >= 1, 600, every_s=0.2)
             warm_prompts(base, model, ns)
             beside.append(closed_loop_results(base, model, ns.interactive_concurrency, ns.interactive_requests, ns,
                                               first_index=ns.lines))

@@ -284,11 +284,10 @@ def arm_record(arm: str, segments: list[dict[str, Any]]) -> dict[str, Any]:
     counts = {k: sum(s["pool"].get(k, 0.0) for s in segments)
               for k in ("loads", "load_failures", "evictions", "load_s", "room_waits", "room_wait_s")}
     per_model: dict[str, int] = {}
+    ttfts: dict[str, list[float]] = {}
     for s in segments:
         for m, n in s["per_model"].items():
             per_model[m] = per_model.get(m, 0) + n
-    ttfts: dict[str, list[float]] = {}
-    for s in segments:
         for m, values in s.get("ttfts", {}).items():
             ttfts.setdefault(m, []).extend(values)
     return {"arm": arm, "segments": len(segments), "wall_s": round(wall, 1), "n_requests": summary["n_requests"],

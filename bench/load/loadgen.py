@@ -311,18 +311,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _dist_ms(values: Sequence[float], qs: Sequence[float] = (50, 90, 95, 99)) -> dict[str, Any]:
+def _dist(values: Sequence[float], qs: Sequence[float] = (50, 90, 95, 99), scale: float = 1.0) -> dict[str, Any]:
+    """Count, percentiles, mean and max of `values`, each times `scale` (None where there are none)."""
     out: dict[str, Any] = {"n": len(values)}
     for q in qs:
         v = percentile(values, q)
-        out[f"p{q:g}"] = None if v is None else v * 1000
-    out["mean"] = sum(values) / len(values) * 1000 if values else None
-    out["max"] = max(values) * 1000 if values else None
+        out[f"p{q:g}"] = None if v is None else v * scale
+    out["mean"] = sum(values) / len(values) * scale if values else None
+    out["max"] = max(values) * scale if values else None
     return out
 
 
-def _dist(values: Sequence[float]) -> dict[str, Any]:
-    return {"n": len(values), "p50": percentile(values, 50), "mean": sum(values) / len(values) if values else None}
+def _dist_ms(values: Sequence[float], qs: Sequence[float] = (50, 90, 95, 99)) -> dict[str, Any]:
+    """The same of seconds, in milliseconds."""
+    return _dist(values, qs, 1000)
 
 
 def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:

@@ -119,7 +119,6 @@ def batch_storage(shape: str) -> Path:
 _BATCH_DIR: Path | None = None
 
 
-
 def pool_deployments(shape: str, pool: str, max_ongoing_requests: int) -> list[dict[str, Any]]:
     """The `deployments:` of a pool-only app on this 2-core machine: `single`, the Ingress holding the pool on one
     CPU; `graph`, a front door of no CPU and two pool replicas of one CPU each (so Serve's multiplexed routing has
