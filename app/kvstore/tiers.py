@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .entry import EntryError, IndexRecord, entry_name, index_record
+from .entry import EntryError, IndexRecord, index_record
 from .key import StoreKey
 from .token_table import TokenTable
 
@@ -184,12 +184,17 @@ class TieredStore:
     # -- saves (any thread; written on the writer thread) ------------------------------------------------------------
     def wants(self, tokens: np.ndarray, scope: str) -> bool:
         """Whether a state of `tokens` in `scope` would be kept: the tiers are on, it is long enough, and the nearest
-        tier does not hold it already (so the engine does not copy a state out of its context for nothing)."""
+        tier holds no entry covering all but fewer than `min_tokens` of it (so the engine does not copy a state out of
+        its context for nothing). An entry is a whole sequence's state, not chunks: a conversation's turn, or a new
+        question after a shared preamble, would otherwise store the preamble's megabytes again for a few tokens more,
+        and a pool writes each slot so at every eviction. A restore of the covering entry leaves fewer than
+        `min_tokens` to prefill, the length the tiers already judge not worth keeping."""
         if self.key is None or len(tokens) < self.min_tokens:
             return False
-        name = entry_name(self.key, scope, tokens)
         with self._lock:
-            return name not in self._tiers[0].by_name
+            table = self._tiers[0].tables.get(scope)
+            return table is None or not len(table) or \
+                int(table.shared(tokens).max()) <= len(tokens) - self.min_tokens
 
     def save(self, tokens: np.ndarray, state: Any, size: int, scope: str) -> bool:
         """Queue one sequence's state (`state`: a bytes-like buffer of at least `size` bytes, not changed afterwards)

@@ -79,6 +79,21 @@ def test_the_longest_prefix_in_the_prompts_scope_is_found_and_read(tmp_path):
     assert store(DiskTier(tmp_path, 1 << 30), key=OTHER_MODEL).longest(prompt, SCOPE) is None
 
 
+def test_a_state_is_wanted_only_for_what_it_adds_beyond_the_stored_entries(tmp_path):
+    """A new question after a stored preamble, or a turn of a few tokens, is not stored again whole: only a state that
+    adds min_tokens or more beyond the entry covering most of it (in its own scope) is worth a write."""
+    s = store(DiskTier(tmp_path, 1 << 30), min_tokens=8)
+    preamble = tokens(40)
+    assert s.wants(preamble, SCOPE) and s.save(preamble, state(40), 40, SCOPE) and s.flush()
+    assert not s.wants(preamble, SCOPE)  # held already
+    assert not s.wants(tokens(30), SCOPE)  # a prefix of a stored entry: restored from it
+    assert not s.wants(np.concatenate([preamble, tokens(7, start=900)]), SCOPE)  # 7 tokens more: prefilled
+    assert s.wants(np.concatenate([preamble, tokens(8, start=900)]), SCOPE)  # 8 more: worth its own entry
+    assert s.wants(preamble, OTHER_SCOPE)  # another key's entries cover nothing of this one's
+    assert s.wants(tokens(40, start=1), SCOPE)  # differs at the first token
+    s.close()
+
+
 def test_truncated_corrupted_and_foreign_entries_are_refused_and_removed(tmp_path):
     s = store(DiskTier(tmp_path, 1 << 30))
     for i, n in enumerate((20, 30, 40)):
