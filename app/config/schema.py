@@ -125,7 +125,8 @@ class KVCacheConfig(BaseModel):
                                                 "gs://, a shared filesystem's path): a replica that never saw a prompt "
                                                 "restores what another one prefilled")
     min_tokens: int = Field(256, ge=32, description="shorter prompts are not kept beyond memory (prefilling them "
-                                                    "costs less than a file)")
+                                                    "costs less than a file), nor a prompt that adds fewer tokens "
+                                                    "than this to a stored entry covering the rest of it")
 
     @field_validator("store")
     @classmethod
@@ -368,6 +369,10 @@ class PoolConfig(BaseModel):
     room_wait_s: float = Field(30, ge=0, le=600, description="how long a request for a model that is not loaded "
                                "waits, when every model a replica holds is busy, pinned or loading, for one to go "
                                "idle (then evicted for it) before a 503 with Retry-After (0: the 503 at once)")
+    claim_after_s: float = Field(5, ge=0, le=600, description="once such a request has waited this long, the held "
+                                 "model with the fewest requests stops taking new ones (they wait with it) until "
+                                 "it goes idle and is evicted for it: a cold model is not starved by a busy one's "
+                                 "stream of requests (0: at once, at the cost of more loads)")
     catalogue: str | None = Field(None, description="a directory, laid out as llama-server's --models-dir: every "
                                                     "<id>.gguf in it is a model of this pool (a split model's parts "
                                                     "count once), a projector beside it (mmproj-<id>.gguf) its "

@@ -37,7 +37,7 @@ def pool_plan(pool: PoolConfig, specs: list[ModelSpec]) -> PoolPlan:
     budget = int(pool.memory_budget_mib * MIB) if pool.memory_budget_mib else None
     return PoolPlan(pool.name, pool.max_models, budget, tuple(dict.fromkeys(pool.pinned)), pool.idle_unload_s,
                     pool.failed_load_retry_s, {s.id: model_need(s) for s in specs if s.pool == pool.name},
-                    pool.room_wait_s)
+                    pool.room_wait_s, pool.claim_after_s)
 
 
 def pool_plans(args: AppArgs, specs: list[ModelSpec]) -> list[PoolPlan]:

@@ -7,6 +7,10 @@ share one load. A model is never evicted while pinned, loading, or while a reque
 request holds its model for its whole stream, so a generation never loses its engine. A request for a cold model
 that finds every model busy waits (up to the plan's `room_wait_s`) for one to go idle, rather than a 503 at once:
 the client would only send it again later, after a Retry-After of whole seconds, and lose its turn meanwhile.
+A request that has waited the plan's `claim_after_s` claims the held model it will replace (the one with the fewest requests
+on it): requests that come for that model after it wait with it instead of keeping the model busy, so a cold
+request waits for the requests ahead of it, not for a stream of later ones. (Not at once: most waits end within
+one request, and a claim makes the claimed model's next request a cold one too: more loads, a higher median.)
 
 An operator may also load, pin, unpin and unload a model (the admin routes, app/pools/admin.py): `pins` starts as
 the plan's `pinned` and changes with them; an unload waits for the model's requests to end, within a bound."""
@@ -67,6 +71,8 @@ class PoolManager(Generic[Host]):
         # every request, only once failed_load_retry_s has passed.
         self._failed: dict[str, tuple[float, APIError]] = {}
         self._room = asyncio.Event()  # set (and replaced) when room may have come: _room_changed
+        # Models that requests waiting for room will replace: new requests for them wait instead of joining.
+        self._claimed: set[str] = set()
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -112,7 +118,7 @@ class PoolManager(Generic[Host]):
         if model_id not in self.plan.needs:
             raise model_not_found(model_id)
         self._start_reaper()
-        entry = self.entries.get(model_id) or await self._room_for(model_id, evict)
+        entry = self._joinable(model_id) or await self._room_for(model_id, evict)
         entry.active += 1
         entry.last_used = self._clock()
         try:
@@ -136,23 +142,56 @@ class PoolManager(Generic[Host]):
         began = loop.time()
         deadline = began + self.plan.room_wait_s
         waited = False
+        claim: str | None = None
         try:
             while True:
-                try:
-                    return self.entries.get(model_id) or self._begin_load(model_id, evict)
-                except _PoolFull as full:
-                    left = deadline - loop.time()
-                    if not evict or left <= 0:
-                        raise full.error from None
-                    waited = True
-                    changed = self._room
+                entry = self._joinable(model_id)
+                if entry is not None:
+                    return entry
+                if model_id in self.entries:  # claimed: it goes once its requests end, then loads again
+                    error = self._busy_for_batch(model_id) if not evict else overloaded(
+                        f"model {model_id!r} is being unloaded in pool {self.plan.name!r} to make room for a "
+                        "request that came before; retry shortly", retry_after_s=FULL_RETRY_AFTER_S)
+                else:
                     try:
-                        await asyncio.wait_for(changed.wait(), left)
-                    except asyncio.TimeoutError:
-                        raise full.error from None
+                        return self._begin_load(model_id, evict)
+                    except _PoolFull as full:
+                        error = full.error
+                        # None yet, or it went (evicted for another request)
+                        if claim not in self._claimed and loop.time() >= began + self.plan.claim_after_s:
+                            claim = self._claim()
+                left = deadline - loop.time()
+                if not evict or left <= 0:
+                    raise error from None
+                waited = True
+                changed = self._room
+                until_claim = began + self.plan.claim_after_s - loop.time()
+                try:
+                    await asyncio.wait_for(changed.wait(), min(left, until_claim) if until_claim > 0 else left)
+                except asyncio.TimeoutError:
+                    if loop.time() >= deadline:
+                        raise error from None
         finally:
+            if claim in self._claimed:  # its requests may come in again
+                self._claimed.discard(claim)
+                self._room_changed()
             if waited:  # what a cold request spends before its load, apart from the load (metrics, bench.pool)
                 self._on_event("room_waited", model_id, loop.time() - began)
+
+    def _joinable(self, model_id: str) -> _Entry[Host] | None:
+        """The model's entry, unless a request waiting for room claimed it (new requests do not keep it busy)."""
+        return None if model_id in self._claimed else self.entries.get(model_id)
+
+    def _claim(self) -> str | None:
+        """The model a request waiting for room claims: loaded, not pinned, not claimed by another waiter, with the
+        fewest requests on it (the least recently used among those), so that it goes idle soonest; None if none."""
+        held = [(e.active, e.last_used, m) for m, e in self.entries.items()
+                if e.host is not None and m not in self.pins and m not in self._claimed]
+        if not held:
+            return None
+        model_id = min(held)[2]
+        self._claimed.add(model_id)
+        return model_id
 
     def _room_changed(self) -> None:
         """A model went idle or away, or a load ended: the requests waiting for room look again."""
@@ -170,9 +209,7 @@ class PoolManager(Generic[Host]):
                 f"{self.plan.name!r}'s memory budget of {mib(budget)} (memory_budget_mib)", code="model_too_large")
         while len(self.entries) >= self.plan.max_models or (budget is not None and self.used_bytes() + need > budget):
             if not evict:
-                raise APIError(f"pool {self.plan.name!r} has no room for model {model_id!r} without unloading "
-                               "another: batch work waits for room", status=503, type="server_error",
-                               code="pool_busy_for_batch", headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
+                raise self._busy_for_batch(model_id)
             victim = self._lru_idle()
             if victim is None:
                 busy = ", ".join(sorted(self.entries))
@@ -261,6 +298,11 @@ class PoolManager(Generic[Host]):
                 await asyncio.sleep(min(0.05, left))
         self.pins.discard(model_id)
 
+    def _busy_for_batch(self, model_id: str) -> APIError:
+        return APIError(f"pool {self.plan.name!r} has no room for model {model_id!r} without unloading another: "
+                        "batch work waits for room", status=503, type="server_error", code="pool_busy_for_batch",
+                        headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
+
     def _refuse_failed(self, model_id: str) -> None:
         """The 503 of a load that failed less than failed_load_retry_s ago, saying when it is tried again."""
         failed = self._failed.get(model_id)
@@ -281,12 +323,13 @@ class PoolManager(Generic[Host]):
                 if e.host is not None and e.active == 0 and m not in self.pins]
 
     def _lru_idle(self) -> str | None:
-        """The least recently used model that may go."""
-        idle = self._idle()
-        return min(idle)[1] if idle else None
+        """The model that may go: one a waiting request claimed first, else the least recently used."""
+        idle = [(m not in self._claimed, last_used, m) for last_used, m in self._idle()]
+        return min(idle)[2] if idle else None
 
     def _evict(self, model_id: str, reason: str) -> asyncio.Task:
         entry = self.entries.pop(model_id)
+        self._claimed.discard(model_id)
         self._room_changed()
         log.info("pool %r: unloading model %r (%s)", self.plan.name, model_id, reason)
         task = asyncio.ensure_future(self._unload(entry.host))

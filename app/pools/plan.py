@@ -22,6 +22,8 @@ class PoolPlan:
     failed_load_retry_s: float = 30.0
     needs: dict[str, int] = field(default_factory=dict)
     room_wait_s: float = 30.0
+    # How long such a request waits before it claims the model it will replace (its new requests wait then too).
+    claim_after_s: float = 5.0
 
     @property
     def models(self) -> list[str]:

@@ -30,17 +30,20 @@ def test_pooled_models_keep_their_pool():
     assert args.pools[0].max_models == 2 and args.pools[0].pinned == ["a"]
 
 
+@pytest.mark.parametrize("key", ["room_wait_s", "claim_after_s"])
 @pytest.mark.parametrize("bad", [-1, 601, float("inf"), float("nan"), "soon"])
-def test_room_wait_s_is_a_finite_bounded_number(bad):
-    assert "room_wait_s" in refused({"models": [entry("a")], "pools": [{"name": "tail", "room_wait_s": bad}]})
+def test_room_waits_are_finite_bounded_numbers(key, bad):
+    assert key in refused({"models": [entry("a")], "pools": [{"name": "tail", key: bad}]})
 
 
-def test_room_wait_s_reaches_the_pools_plan():
+def test_room_waits_reach_the_pools_plan():
     from app.ops.pools import pool_plan
 
-    args = parse_args({"models": [entry("a")], "pools": [{"name": "tail", "room_wait_s": 2.5}]})
-    assert pool_plan(args.pools[0], []).room_wait_s == 2.5
-    assert parse_args({"models": [entry("a")], "pools": [{"name": "tail"}]}).pools[0].room_wait_s == 30
+    args = parse_args({"models": [entry("a")], "pools": [{"name": "tail", "room_wait_s": 2.5, "claim_after_s": 0}]})
+    plan = pool_plan(args.pools[0], [])
+    assert (plan.room_wait_s, plan.claim_after_s) == (2.5, 0)
+    default = parse_args({"models": [entry("a")], "pools": [{"name": "tail"}]}).pools[0]
+    assert (default.room_wait_s, default.claim_after_s) == (30, 5)
 
 
 def test_a_model_naming_an_unknown_pool_is_refused():

@@ -219,6 +219,72 @@ def test_a_request_for_a_cold_model_waits_for_a_busy_one_to_go_idle():
     asyncio.run(run())
 
 
+def test_later_requests_for_the_model_a_cold_request_waits_for_do_not_keep_it_busy():
+    """A cold request claims the held model with the fewest requests: requests for that model that come after it
+    wait (a batch line is told to come back), and it loads once the requests ahead of it end."""
+    async def run():
+        manager, loader, events = make(room_wait_s=30, claim_after_s=0)
+        release = {m: asyncio.Event() for m in ("a1", "a2", "b")}
+
+        async def hold(model_id: str, gate: str) -> str:
+            async with manager.use(model_id):
+                await release[gate].wait()
+            return gate
+
+        first = [asyncio.ensure_future(hold("a", "a1")), asyncio.ensure_future(hold("a", "a2")),
+                 asyncio.ensure_future(hold("b", "b"))]
+        await asyncio.sleep(0.01)
+        cold = asyncio.ensure_future(answer(manager, "c"))
+        await asyncio.sleep(0.01)
+        later = asyncio.ensure_future(answer(manager, "b", "later"))  # b has the fewer requests: c claimed it
+        await asyncio.sleep(0.05)
+        assert not cold.done() and not later.done() and manager.entries["b"].active == 1
+        with pytest.raises(APIError) as batch:
+            async with manager.use("b", evict=False):
+                pass
+        assert batch.value.code == "pool_busy_for_batch"
+        assert await answer(manager, "a", "warm") == ["a:", "warm"]  # the unclaimed model serves on
+        release["b"].set()
+        assert await asyncio.wait_for(cold, 5) == ["c:", "hi"]  # b's one request ended: c did not wait for later
+        assert ("evicted", "b", "lru") in events
+        release["a1"].set()
+        release["a2"].set()
+        assert await asyncio.wait_for(later, 5) == ["b:", "later"]  # then b comes back in a's or c's place
+        await asyncio.gather(*first)
+        assert loader.loads == ["a", "b", "c", "b"]
+    asyncio.run(run())
+
+
+def test_a_cold_request_claims_a_model_only_after_claim_after_s():
+    async def run():
+        manager, _, _ = make(room_wait_s=30, claim_after_s=0.3)
+        async with manager.use("a"), manager.use("b"):
+            cold = asyncio.ensure_future(answer(manager, "c"))
+            await asyncio.sleep(0.05)
+            assert await answer(manager, "a", "early") == ["a:", "early"]  # not claimed yet: a serves
+            assert not manager._claimed
+            await asyncio.sleep(0.4)
+            assert len(manager._claimed) == 1  # claimed without any room change meanwhile
+            assert not cold.done()
+        assert await asyncio.wait_for(cold, 5) == ["c:", "hi"]
+        assert not manager._claimed
+    asyncio.run(run())
+
+
+def test_a_claim_ends_with_the_wait_and_the_model_serves_again():
+    async def run():
+        manager, loader, _ = make(room_wait_s=0.2, claim_after_s=0)
+        async with manager.use("a"), manager.use("b"):
+            waiting = asyncio.ensure_future(answer(manager, "c"))
+            await asyncio.sleep(0.01)
+            later = asyncio.ensure_future(answer(manager, "a", "later"))
+            with pytest.raises(APIError):
+                await waiting  # room_wait_s passed: its 503, and its claim let go
+            assert await asyncio.wait_for(later, 5) == ["a:", "later"]
+        assert loader.loads == ["a", "b"] and not manager._claimed
+    asyncio.run(run())
+
+
 def test_room_now_counts_free_places_and_idle_models_it_may_evict():
     async def run():
         manager, _, _ = make(("a", "b", "c"), max_models=2, pinned=("b",))
