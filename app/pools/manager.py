@@ -36,8 +36,10 @@ PoolState = Literal["loaded", "loading", "available"]
 # What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
 Event = Literal["loaded", "load_failed", "evicted", "room_waited"]
 
-# The key of a pool replica's routing stats that says how many models could begin loading there now (room_now).
+# The keys of a pool replica's routing stats: how many models could begin loading there now (room_now), and where
+# none could, how many requests the soonest room waits for (ahead_now).
 POOL_ROOM = "pool_room"
+POOL_AHEAD = "pool_ahead"
 FULL_RETRY_AFTER_S = 2
 UNLOAD_WAIT_S = 10.0  # how long an unload waits for the model's requests (and a load under way) to end
 
@@ -102,6 +104,14 @@ class PoolManager(Generic[Host]):
         and idle models it may evict (the pool router sends a model no replica holds to a replica with room,
         deployments/prefix_router.py). A hint: the memory budget may still make a load evict two."""
         return max(0, self.plan.max_models - len(self.entries)) + len(self._idle())
+
+    def ahead_now(self) -> int | None:
+        """Where there is no room: the fewest requests on a model that could make room once they end (loaded, not
+        pinned, not claimed already), what a cold request would wait for here; None where no model could (every one
+        pinned, loading or claimed). The pool router sends a cold model to the replica with the fewest."""
+        counts = [e.active for m, e in self.entries.items()
+                  if e.host is not None and m not in self.pins and m not in self._claimed]
+        return min(counts) if counts else None
 
     def adopt(self, model_id: str, host: Host) -> None:
         """A model loaded before the loop serves (a pinned model, at the replica's start)."""

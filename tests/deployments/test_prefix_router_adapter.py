@@ -17,7 +17,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 from app.engine.jobs import CountPromptJob  # noqa: E402
 from app.engine.params import GenerationRequest, InfillPrompt  # noqa: E402
 from deployments.prefix_router import PoolAffinityRouter, PrefixAffinityRouter, prompt_of  # noqa: E402
-from app.pools.manager import POOL_ROOM  # noqa: E402
+from app.pools.manager import POOL_AHEAD, POOL_ROOM  # noqa: E402
 
 DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
 SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range(60))
@@ -218,6 +218,13 @@ def test_a_model_no_pool_replica_holds_goes_to_a_replica_with_room_for_it():
         assert names(await router.choose_replicas([a, b], for_model("m7", "hello"))) == [["a"], ["b"]]
         a.routing_stats = b.routing_stats = {}
         assert names(await router.choose_replicas([a, b], for_model("m6", "hello"))) == [["a"], ["b"]]
+        # No room anywhere: to the replica whose room comes after the fewest requests (b, busier overall, has a
+        # model with one request on it where a's least busy has two); one whose models are all pinned, loading or
+        # claimed (None) has no room coming.
+        a.routing_stats, b.routing_stats = {POOL_ROOM: 0, POOL_AHEAD: 2}, {POOL_ROOM: 0, POOL_AHEAD: 1}
+        assert names(await router.choose_replicas([a, b], for_model("m8", "hello"))) == [["b"]]
+        b.routing_stats = {POOL_ROOM: 0, POOL_AHEAD: None}
+        assert names(await router.choose_replicas([a, b], for_model("m9", "hello"))) == [["a"]]
 
     asyncio.run(run())
 

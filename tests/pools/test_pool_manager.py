@@ -299,6 +299,19 @@ def test_room_now_counts_free_places_and_idle_models_it_may_evict():
     asyncio.run(run())
 
 
+def test_ahead_now_counts_the_requests_the_soonest_room_waits_for():
+    async def run():
+        manager, _, _ = make(("a", "b", "c"), max_models=2, pinned=("b",), claim_after_s=0)
+        assert manager.ahead_now() is None  # nothing held that could go
+        async with manager.use("a"), manager.use("a"), manager.use("b"):
+            assert manager.room_now() == 0 and manager.ahead_now() == 2  # a's two requests (b is pinned)
+            waiting = asyncio.ensure_future(answer(manager, "c"))
+            await asyncio.sleep(0.01)
+            assert manager.ahead_now() is None  # a is claimed by the request waiting for it
+        assert await asyncio.wait_for(waiting, 5) == ["c:", "hi"]
+    asyncio.run(run())
+
+
 def test_a_request_waits_for_room_no_longer_than_room_wait_s_then_503():
     async def run():
         manager, loader, _ = make(room_wait_s=0.2)
