@@ -7,10 +7,11 @@ share one load. A model is never evicted while pinned, loading, or while a reque
 request holds its model for its whole stream, so a generation never loses its engine. A request for a cold model
 that finds every model busy waits (up to the plan's `room_wait_s`) for one to go idle, rather than a 503 at once:
 the client would only send it again later, after a Retry-After of whole seconds, and lose its turn meanwhile.
-A request that has waited the plan's `claim_after_s` claims the held model it will replace (the one with the fewest requests
-on it): requests that come for that model after it wait with it instead of keeping the model busy, so a cold
-request waits for the requests ahead of it, not for a stream of later ones. (Not at once: most waits end within
-one request, and a claim makes the claimed model's next request a cold one too: more loads, a higher median.)
+A request that has waited the plan's `claim_after_s` claims the held model it will replace (the one with the
+fewest requests on it): requests that come for that model after it wait with it instead of keeping the model
+busy, so a cold request waits for the requests ahead of it, not for a stream of later ones. (Not at once: most
+waits end within one request, and a claim makes the claimed model's next request a cold one too: more loads, a
+higher median.)
 
 An operator may also load, pin, unpin and unload a model (the admin routes, app/pools/admin.py): `pins` starts as
 the plan's `pinned` and changes with them; an unload waits for the model's requests to end, within a bound."""
@@ -109,9 +110,8 @@ class PoolManager(Generic[Host]):
         """Where there is no room: the fewest requests on a model that could make room once they end (loaded, not
         pinned, not claimed already), what a cold request would wait for here; None where no model could (every one
         pinned, loading or claimed). The pool router sends a cold model to the replica with the fewest."""
-        counts = [e.active for m, e in self.entries.items()
-                  if e.host is not None and m not in self.pins and m not in self._claimed]
-        return min(counts) if counts else None
+        claimable = self._claimable()
+        return min(claimable)[0] if claimable else None
 
     def adopt(self, model_id: str, host: Host) -> None:
         """A model loaded before the loop serves (a pinned model, at the replica's start)."""
@@ -195,13 +195,18 @@ class PoolManager(Generic[Host]):
     def _claim(self) -> str | None:
         """The model a request waiting for room claims: loaded, not pinned, not claimed by another waiter, with the
         fewest requests on it (the least recently used among those), so that it goes idle soonest; None if none."""
-        held = [(e.active, e.last_used, m) for m, e in self.entries.items()
-                if e.host is not None and m not in self.pins and m not in self._claimed]
-        if not held:
+        claimable = self._claimable()
+        if not claimable:
             return None
-        model_id = min(held)[2]
+        model_id = min(claimable)[2]
         self._claimed.add(model_id)
         return model_id
+
+    def _claimable(self) -> list[tuple[int, float, str]]:
+        """(requests on it, last used, model) of each model a waiting request may claim: loaded, not pinned, not
+        claimed already."""
+        return [(e.active, e.last_used, m) for m, e in self.entries.items()
+                if e.host is not None and m not in self.pins and m not in self._claimed]
 
     def _room_changed(self) -> None:
         """A model went idle or away, or a load ended: the requests waiting for room look again."""
