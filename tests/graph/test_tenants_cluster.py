@@ -92,8 +92,17 @@ def test_the_keys_file_is_reread_while_serving_and_a_bad_one_is_refused(tcluster
     assert wait_for(lambda: chat(tcluster, LIMITED).status_code == 200, timeout=60, every=1)
 
 
+def settled_usage(cluster) -> dict | None:
+    """The steady key's usage once none of its requests is in flight (each settles after its answer is sent)."""
+    entry = usage(cluster)["keys"].get("steady", {"in_flight": 0})  # none yet: nothing in flight (and truthy)
+    return entry if entry["in_flight"] == 0 else None
+
+
 def test_an_ingress_replica_killed_under_load_loses_no_accounting(tcluster) -> None:
-    before = usage(tcluster)["keys"].get("steady", {}).get("models", {}).get(MODEL, {}).get("requests", 0)
+    # The test before ends on answered requests whose usage may settle a moment later: counted from here on.
+    earlier = wait_for(lambda: settled_usage(tcluster), timeout=60, every=0.5)
+    assert earlier is not None, "the steady key's earlier requests never settled"
+    before = earlier.get("models", {}).get(MODEL, {}).get("requests", 0)
     body = {"max_tokens": 48, "messages": [{"role": "user", "content": "Tell me a long story."}]}
 
     def one(_):
@@ -110,11 +119,7 @@ def test_an_ingress_replica_killed_under_load_loses_no_accounting(tcluster) -> N
     answered = outcomes.count(200)
     assert answered >= 1, outcomes
 
-    def settled():
-        entry = usage(tcluster)["keys"]["steady"]
-        return entry if entry["in_flight"] == 0 else None
-
-    entry = wait_for(settled, timeout=60, every=1)
+    entry = wait_for(lambda: settled_usage(tcluster), timeout=60, every=1)
     assert entry is not None, "a request of the killed replica is still counted in flight"
     counted = entry["models"][MODEL]["requests"] - before
     # Every request that reached the processing is counted, answered or cut off with its client: the usage
