@@ -156,14 +156,17 @@ def decode_rate(engine: LlamaEngine, prompts: list[str], streams: int, tokens: i
     return sum(b["tokens"] for b in boxes) / (time.perf_counter() - t0)
 
 
-def compare(base: list[TokenLogprob], other: list[TokenLogprob]) -> str:
-    if [lp.token for lp in base] == [lp.token for lp in other]:
-        return "equal"
+def compare(base: list[TokenLogprob], other: list[TokenLogprob]) -> dict[str, Any]:
+    """Where two greedy replies part: `equal`, `tie` (the base's top two tokens within TIE_NATS there) or `other`,
+    the base's top-two gap there, and the most a token's log-probability moved before they parted (how far the
+    other KV type moves the model's numbers on the same text)."""
     i = next((i for i, (a, b) in enumerate(zip(base, other)) if a.token != b.token), None)
+    shift = max((abs(a.logprob - b.logprob) for a, b in zip(base[:i], other[:i])), default=0.0)
     if i is None:
-        return "equal"
+        return {"verdict": "equal", "gap": None, "shift": shift}
     top = base[i].top
-    return "tie" if len(top) >= 2 and top[0][1] - top[1][1] < TIE_NATS else "other"
+    gap = top[0][1] - top[1][1] if len(top) >= 2 else None
+    return {"verdict": "tie" if gap is not None and gap < TIE_NATS else "other", "gap": gap, "shift": shift}
 
 
 def types(ns: argparse.Namespace, spec: Any) -> list[dict[str, Any]]:
@@ -184,10 +187,10 @@ def types(ns: argparse.Namespace, spec: Any) -> list[dict[str, Any]]:
                 while not engine.stats()["prompt_cache"]["entries"] and time.monotonic() < deadline:
                     time.sleep(0.01)
                 samples[kind]["bytes"].append(engine.stats()["prompt_cache"]["bytes"] / (first["prompt_tokens"] + 1))
+                if kind not in replies:  # before the rates' batches: what differs is the KV type, not what ran before
+                    replies[kind] = [ask(engine, q, 48, logprobs=2)["logprobs"] for q in questions[:16]]
                 samples[kind]["d1"].append(decode_rate(engine, questions, 1))
                 samples[kind]["d4"].append(decode_rate(engine, questions, 4))
-                if kind not in replies:
-                    replies[kind] = [ask(engine, q, 48, logprobs=2)["logprobs"] for q in questions[:16]]
             finally:
                 engine.close()
         log(f"round {r + 1}: " + ", ".join(f"{k} decode {statistics.median(v['d1']):.0f} tok/s"
@@ -202,7 +205,10 @@ def types(ns: argparse.Namespace, spec: Any) -> list[dict[str, Any]]:
     for row in rows:
         row.update(x_bytes=row["bytes_per_token"] / f16["bytes_per_token"], x_decode_1=row["decode_1"] / f16["decode_1"],
                    x_decode_4=row["decode_4"] / f16["decode_4"])
-    rows[1]["greedy"] = {v: verdicts.count(v) for v in ("equal", "tie", "other")}
+    kinds = [v["verdict"] for v in verdicts]
+    rows[1]["greedy"] = {v: kinds.count(v) for v in ("equal", "tie", "other")}
+    rows[1]["parted_at_gaps"] = sorted(round(v["gap"], 3) for v in verdicts if v["gap"] is not None)
+    rows[1]["largest_shift"] = max(v["shift"] for v in verdicts)
     return rows
 
 
@@ -231,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         if "types" in ns.parts:
             rows = out["types"] = types(ns, spec)
             print(f"\nKV cache types (median of {ns.rounds} rounds); greedy replies of q8_0 against f16: "
-                  f"{rows[1]['greedy']}")
+                  f"{rows[1]['greedy']}, parted where f16's top two were {rows[1]['parted_at_gaps']} nats apart; "
+                  f"a token's log-probability moved up to {rows[1]['largest_shift']:.3f} nats before they parted")
             print("\n".join(text_table(
                 ["KV type", "bytes/token", "x f16", "decode tok/s 1", "x f16", "decode tok/s 4", "x f16", "prefill tok/s"],
                 [[r["kv_type"], fmt(r["bytes_per_token"]), fmt(r["x_bytes"], ".2f"), fmt(r["decode_1"]),

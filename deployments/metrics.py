@@ -84,6 +84,9 @@ METRICS: dict[str, tuple[str, str, list[float] | None, tuple[str, ...]]] = {
     "llamaray_pool_room_wait_seconds": ("histogram", "Time a request for a model its pool replica did not hold "
                                         "waited for one of the models held to go idle (room_wait_s), before its "
                                         "load or its 503.", _LATENCY_BUCKETS, ("pool",)),
+    "llamaray_pool_claims_total": ("counter", "Held models a request waiting for room claimed (claim_after_s): new "
+                                   "requests for it wait, and it is unloaded once the requests on it end.", None,
+                                   ("pool", "model")),
     "llamaray_pool_loaded_models": ("gauge", "Models a pool replica holds (loaded or loading).", None, ("pool",)),
     "llamaray_batch_lines": ("gauge", "Lines of batch jobs by model: queued (not yet sent) and running (sent, not "
                              "answered).", None, ("model", "state")),
@@ -261,5 +264,8 @@ class PoolMetrics:
             metric("llamaray_pool_evictions_total").inc(1, {**tags, "reason": str(detail)})
         elif event == "room_waited":
             metric("llamaray_pool_room_wait_seconds").observe(float(detail), {"pool": self.pool})
+            return
+        elif event == "claimed":
+            metric("llamaray_pool_claims_total").inc(1, tags)
             return
         metric("llamaray_pool_loaded_models").set(held, {"pool": self.pool})

@@ -74,7 +74,7 @@ class LocalPool:
 
     def _event(self, event: str, model_id: str, detail: Any) -> None:
         self.metrics.record(event, model_id, detail, len(self.manager.entries))
-        if event != "room_waited":  # a wait changes nothing the routers or /v1/models see
+        if event not in ("room_waited", "claimed"):  # nothing the routers or /v1/models see until it is evicted
             self._on_change(event, model_id)
 
     def states(self) -> dict[str, str]:

@@ -35,7 +35,7 @@ log = logging.getLogger("llamaray.pool")
 Host = TypeVar("Host")
 PoolState = Literal["loaded", "loading", "available"]
 # What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
-Event = Literal["loaded", "load_failed", "evicted", "room_waited"]
+Event = Literal["loaded", "load_failed", "evicted", "room_waited", "claimed"]
 
 # The keys of a pool replica's routing stats: how many models could begin loading there now (room_now), and where
 # none could, how many requests the soonest room waits for (ahead_now).
@@ -200,6 +200,7 @@ class PoolManager(Generic[Host]):
             return None
         model_id = min(claimable)[2]
         self._claimed.add(model_id)
+        self._on_event("claimed", model_id, None)
         return model_id
 
     def _claimable(self) -> list[tuple[int, float, str]]:

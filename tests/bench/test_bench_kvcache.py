@@ -14,9 +14,11 @@ def lp(token: bytes, top: tuple[float, float]) -> TokenLogprob:
 
 def test_replies_are_equal_parted_at_a_tie_or_parted():
     base = [lp(b"x", (-0.1, -3.0)), lp(b"y", (-0.6, -0.7))]
-    assert compare(base, [lp(b"x", (-0.1, -3.0)), lp(b"y", (-0.6, -0.7))]) == "equal"
-    assert compare(base, [lp(b"x", (-0.1, -3.0)), lp(b"z", (-0.6, -0.7))]) == "tie"  # 0.1 nats apart
-    assert compare(base, [lp(b"w", (-0.1, -3.0))]) == "other"  # 2.9 nats apart
+    assert compare(base, [lp(b"x", (-0.1, -3.0)), lp(b"y", (-0.6, -0.7))]) == {"verdict": "equal", "gap": None,
+                                                                              "shift": 0.0}
+    tie = compare(base, [lp(b"x", (-0.3, -3.0)), lp(b"z", (-0.6, -0.7))])  # 0.1 nats apart where they part
+    assert tie["verdict"] == "tie" and abs(tie["gap"] - 0.1) < 1e-9 and abs(tie["shift"] - 0.2) < 1e-9
+    assert compare(base, [lp(b"w", (-0.1, -3.0))])["verdict"] == "other"  # 2.9 nats apart
 
 
 def test_each_model_has_a_preamble_of_its_own_of_about_the_size_asked():

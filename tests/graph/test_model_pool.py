@@ -3,11 +3,13 @@ in one pool with `max_models: 2` and one of them pinned. Graph: two LlamaPool re
 machine's two cores), so Serve's multiplexed routing chooses among replicas; single: the Ingress's one pool.
 Every model answers; /v1/models lists each with its state; a cold model's stream shows keep-alive comments
 while it loads, then its answer; evictions reach Prometheus, and the pinned model is never evicted; Ollama's
-`keep_alive` loads, pins and unloads a pooled model."""
+`keep_alive` loads, pins and unloads a pooled model; a cold model whose pool's models are all kept busy claims one
+(claim_after_s) and is served within room_wait_s."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -20,6 +22,7 @@ PINNED = "pool-a"
 MODELS = [PINNED, "pool-b", "pool-c", "pool-d", "pool-e", "pool-f"]  # the issue's six
 POOL_NAME = "tail"
 KEEPALIVE_S = 0.1
+CLAIM_AFTER_S = 1.0  # room_wait_s stays 30 s: a cold request that never claimed would get its 503 only then
 
 
 def pool_config(shape: str) -> dict:
@@ -28,10 +31,11 @@ def pool_config(shape: str) -> dict:
     # Only the pool's models: each one thread, a small context, no model of its own deployment.
     app["args"]["models"] = [{"id": m, "model_path": BUNDLED, "pool": POOL_NAME, "n_ctx": 512, "n_seq_max": 2,
                               "n_threads": 1, "n_gpu_layers": 0} for m in MODELS]
-    app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED]}]
+    app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED], "claim_after_s": CLAIM_AFTER_S}]
     app["args"]["limits"] = {"stream_keepalive_s": KEEPALIVE_S}
     app["args"]["topology"] = shape
-    app["deployments"] = pool_deployments(shape, POOL_NAME, max_ongoing_requests=4)
+    # 8: a replica's two busy models' requests (3 each, below) and the cold one all reach it
+    app["deployments"] = pool_deployments(shape, POOL_NAME, max_ongoing_requests=8)
     return config
 
 
@@ -212,3 +216,61 @@ def test_a_model_evicted_and_loaded_again_restores_its_preamble_from_disk(client
     assert admin(client, "unload", model="pool-f")["state"] == "available"  # its engine and memory gone
     again = ask("May I bring a dog?")  # loaded again, wherever Serve routes it on this node
     assert again["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 20, again
+
+
+# ---- a cold model is not starved by busy ones (app/pools/manager.py: the claim for room) ---------------------
+
+def claims(cluster) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in metric_lines(cluster, "llamaray_pool_claims_total"))
+
+
+def test_a_cold_model_claims_a_busy_one_and_is_served_before_room_wait_s(pcluster, client):
+    """Every place of the pool held by a model whose requests never stop (three clients each, always one request
+    on it): the cold model's request claims one after claim_after_s, that model's new requests wait, it is unloaded
+    once the requests on it end, and the cold request is answered long before room_wait_s (30 s). The busy models'
+    clients all get their answers (the claimed model's wait, then it comes back)."""
+    replicas = 2 if pcluster.config["applications"][0]["args"]["topology"] == "graph" else 1
+    for model in MODELS:  # every place free, nothing pinned
+        admin(client, "unload", model=model)
+    busy = MODELS[1:1 + 2 * replicas]
+
+    def placed() -> bool:
+        listing = {c["id"]: c for c in client.get("/admin/models").json()["data"]}
+        held = [(m, r["replica"]) for m in busy for r in listing[m]["replicas"] if r["state"] == "loaded"]
+        return {m for m, _ in held} == set(busy) and len(held) == len(busy)
+
+    def place() -> bool:  # one at a time, a routing report (every second) apart: each to a replica with room
+        for model in busy:
+            admin(client, "load", model=model)
+            time.sleep(1.2)
+        return placed()
+    wait_for(place, 90, f"{busy} loaded, one place each")
+
+    stop, answers = threading.Event(), []
+
+    def keep_busy(model: str, tokens: int) -> None:
+        with httpx.Client(base_url=pcluster.url, timeout=120) as c:
+            while not stop.is_set():
+                r = c.post("/v1/chat/completions", json=chat(model, max_tokens=tokens))
+                answers.append((model, r.status_code, r.text[:200]))
+
+    clients = [threading.Thread(target=keep_busy, args=(m, t), daemon=True) for m in busy for t in (8, 12, 16)]
+    for t in clients:
+        t.start()
+    try:
+        wait_for(lambda: {m for m, status, _ in answers if status == 200} == set(busy), 60, "every busy model answering")
+        before = claims(pcluster)
+        t0 = time.monotonic()
+        r = client.post("/v1/chat/completions", json=chat("pool-f"))
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "pool-f"
+        assert took < 25, took  # room_wait_s is 30: it claimed, and did not wait for a busy model to go idle
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(120)
+    wait_for(lambda: claims(pcluster) >= before + 1, 30, "the claim counted")
+    failed = [a for a in answers if a[1] != 200]
+    assert not failed, failed[:3]
+    admin(client, "pin", model=PINNED, pinned=True)  # as the module began

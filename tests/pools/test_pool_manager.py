@@ -246,7 +246,7 @@ def test_later_requests_for_the_model_a_cold_request_waits_for_do_not_keep_it_bu
         assert await answer(manager, "a", "warm") == ["a:", "warm"]  # the unclaimed model serves on
         release["b"].set()
         assert await asyncio.wait_for(cold, 5) == ["c:", "hi"]  # b's one request ended: c did not wait for later
-        assert ("evicted", "b", "lru") in events
+        assert ("claimed", "b", None) in events and ("evicted", "b", "lru") in events
         release["a1"].set()
         release["a2"].set()
         assert await asyncio.wait_for(later, 5) == ["b:", "later"]  # then b comes back in a's or c's place
