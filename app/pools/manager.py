@@ -1,5 +1,6 @@
 """A pool replica's models: up to `max_models` engines (and within a memory budget) loaded on a model's first
-request, least recently used idle ones evicted to make room, idle ones unloaded after `idle_unload_s`.
+request, the idle one least in demand evicted to make room (its requests here, halved every DEMAND_HALF_LIFE_S;
+the least recently used among equals), idle ones unloaded after `idle_unload_s`.
 
 Everything here runs on the replica's event loop (no lock: each decision is made between two awaits); the
 load itself is the `load` coroutine's, which runs llama.cpp off the loop. Concurrent requests for a cold model
@@ -43,6 +44,11 @@ POOL_ROOM = "pool_room"
 POOL_AHEAD = "pool_ahead"
 FULL_RETRY_AFTER_S = 2
 UNLOAD_WAIT_S = 10.0  # how long an unload waits for the model's requests (and a load under way) to end
+# A pool's traffic is skewed (a few models get most requests): evicting by recency alone lets a burst of rare
+# models push out a popular one between two of its requests, and each such eviction is a cold load later. A
+# model's requests here, halved every minute, keep the popular ones; a model that stops being asked for loses
+# its claim within minutes. Measured against LRU with bench.pool's Zipf workload: docs/benchmarks.md.
+DEMAND_HALF_LIFE_S = 60.0
 
 
 @dataclass
@@ -76,6 +82,9 @@ class PoolManager(Generic[Host]):
         self._room = asyncio.Event()  # set (and replaced) when room may have come: _room_changed
         # Models that requests waiting for room will replace: new requests for them wait instead of joining.
         self._claimed: set[str] = set()
+        # model id -> (its requests here, decayed; when last counted): kept across evictions, so a popular model
+        # loaded again is not the first to go.
+        self._demand: dict[str, tuple[float, float]] = {}
 
     # ---- what it holds ---------------------------------------------------------------------------------
 
@@ -128,6 +137,8 @@ class PoolManager(Generic[Host]):
         if model_id not in self.plan.needs:
             raise model_not_found(model_id)
         self._start_reaper()
+        if evict:  # a batch job's lines are not demand: they only take room that interactive traffic leaves
+            self._count_demand(model_id)
         entry = self._joinable(model_id) or await self._room_for(model_id, evict)
         entry.active += 1
         entry.last_used = self._clock()
@@ -339,9 +350,18 @@ class PoolManager(Generic[Host]):
                 if e.host is not None and e.active == 0 and m not in self.pins]
 
     def _lru_idle(self) -> str | None:
-        """The model that may go: one a waiting request claimed first, else the least recently used."""
-        idle = [(m not in self._claimed, last_used, m) for last_used, m in self._idle()]
-        return min(idle)[2] if idle else None
+        """The model that may go: one a waiting request claimed first, else the one least in demand, else the least
+        recently used."""
+        idle = [(m not in self._claimed, self.demand(m), last_used, m) for last_used, m in self._idle()]
+        return min(idle)[3] if idle else None
+
+    def _count_demand(self, model_id: str) -> None:
+        self._demand[model_id] = (self.demand(model_id) + 1.0, self._clock())
+
+    def demand(self, model_id: str) -> float:
+        """The model's requests on this replica, each counting half as much every DEMAND_HALF_LIFE_S."""
+        count, at = self._demand.get(model_id, (0.0, 0.0))
+        return count * 0.5 ** (max(0.0, self._clock() - at) / DEMAND_HALF_LIFE_S) if count else 0.0
 
     def _evict(self, model_id: str, reason: str) -> asyncio.Task:
         entry = self.entries.pop(model_id)

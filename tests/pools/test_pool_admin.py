@@ -28,7 +28,7 @@ def test_a_pinned_model_survives_lru_pressure_and_an_unpinned_one_does_not():
         await manager.load("a", pin=True)
         await manager.load("a")  # loading a loaded model: nothing to do
         assert loader.loads == ["a"] and manager.describe()["a"]["pinned"]
-        for model_id in ("b", "c", "d"):  # max_models 2: each takes the other free place
+        for model_id in ("b", "c", "d", "d"):  # max_models 2: each takes the other free place (d asked as often as a)
             clock.now += 1
             await answer(manager, model_id)
         assert "a" in manager.loaded() and ("evicted", "a", "lru") not in events

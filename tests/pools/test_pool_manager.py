@@ -11,7 +11,7 @@ import pytest
 from app.api.errors import APIError
 from app.engine.jobs import StatsJob, TokenizeJob
 from app.pools.hosted import PooledHost
-from app.pools.manager import PoolManager
+from app.pools.manager import DEMAND_HALF_LIFE_S, PoolManager
 from app.pools.plan import MIB, PoolPlan
 
 
@@ -93,11 +93,11 @@ def test_first_request_loads_and_the_model_answers():
     asyncio.run(run())
 
 
-def test_least_recently_used_idle_model_is_evicted():
+def test_of_models_asked_as_often_the_least_recently_used_idle_one_is_evicted():
     async def run():
         clock = Clock()
         manager, loader, events = make(clock=clock)
-        for model_id in ("a", "b", "a"):  # b is now the least recently used
+        for model_id in ("b", "a"):  # once each: b is the least recently used (its one request counts less now)
             clock.now += 1
             await answer(manager, model_id)
         clock.now += 1
@@ -106,6 +106,27 @@ def test_least_recently_used_idle_model_is_evicted():
         assert set(manager.loaded()) == {"a", "c"}
         assert loader.engines["b"].closed and not loader.engines["a"].closed
         assert ("evicted", "b", "lru") in events
+    asyncio.run(run())
+
+
+def test_the_idle_model_least_in_demand_goes_first_and_demand_fades():
+    """A popular model survives a run of rare ones (each would be a cold load again later); once nobody asks for it,
+    its requests count for less every DEMAND_HALF_LIFE_S and a model asked for now outlasts it."""
+    async def run():
+        clock = Clock()
+        manager, _, events = make(("a", "b", "c", "d"), clock=clock)
+        for _ in range(3):
+            await answer(manager, "a")
+        for model_id in ("b", "c"):  # a is the least recently used each time, but asked for three times
+            clock.now += 1
+            await answer(manager, model_id)
+        assert set(manager.loaded()) == {"a", "c"} and ("evicted", "b", "lru") in events
+        assert 2.9 < manager.demand("a") < 3
+        clock.now += 10 * DEMAND_HALF_LIFE_S
+        await answer(manager, "c")
+        assert manager.demand("a") < 0.01 and manager.demand("c") > 1
+        await answer(manager, "d")
+        assert set(manager.loaded()) == {"c", "d"} and ("evicted", "a", "lru") in events
     asyncio.run(run())
 
 
