@@ -12,6 +12,7 @@ Also the pool of the single-shape Ingress (`LocalPool`): the same PoolManager an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -60,9 +61,17 @@ class LocalPool:
 
     async def _load(self, model_id: str) -> EngineHost:
         self._on_change("loading", model_id)  # published: /v1/models shows it loading, not only once loaded
-        host = await asyncio.to_thread(EngineHost, self.specs[model_id])
-        while host.state().state in ("loading", "downloading"):  # a remote file being fetched
-            await asyncio.sleep(0.25)
+        loop, changed = asyncio.get_running_loop(), asyncio.Event()
+        # A remote model (hf://, s3://, a checksum) starts on a thread of its own once fetched, even when the file
+        # is already in the node's cache: its waiting request is woken by that, not by a poll's next tick.
+        host = await asyncio.to_thread(EngineHost, self.specs[model_id],
+                                       lambda: loop.call_soon_threadsafe(changed.set))
+        while True:
+            changed.clear()
+            if host.state().state not in ("loading", "downloading"):
+                break
+            with contextlib.suppress(asyncio.TimeoutError):  # a missed wake costs a second, never a hang
+                await asyncio.wait_for(changed.wait(), 1.0)
         state = host.state()
         if not state.ready:
             await asyncio.to_thread(host.close)

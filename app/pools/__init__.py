@@ -1,1 +1,1 @@
-"""Model pools: replicas that load many GGUFs on demand, least recently used evicted (issue 38)."""
+"""Model pools: replicas that load many GGUFs on demand, the idle model least in demand evicted (issue 38)."""

