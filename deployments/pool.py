@@ -26,7 +26,7 @@ from app.engine import GenerationRequest
 from app.engine.params import Job
 from app.pools.admin import REPLICA_GONE, PoolJob
 from app.pools.hosted import PooledHost
-from app.pools.manager import POOL_AHEAD, POOL_ROOM, PoolManager
+from app.pools.manager import POOL_AHEAD, POOL_FREE, POOL_ROOM, PoolManager
 from app.pools.plan import PoolPlan
 from app.transport.stream_channels import ChannelRoute
 
@@ -115,10 +115,10 @@ class LlamaPool:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """What the pool router reads of this replica (Serve asks every request_routing_stats_period_s): how many
-        models could begin loading here now, without a wait for a held model to go idle, and else how many requests
-        that wait would be for."""
+        models could begin loading here now, without a wait for a held model to go idle, how many of them in a free
+        place, and else how many requests that wait would be for."""
         manager = self.pool.manager
-        return {POOL_ROOM: manager.room_now(), POOL_AHEAD: manager.ahead_now()}
+        return {POOL_ROOM: manager.room_now(), POOL_FREE: manager.free_now(), POOL_AHEAD: manager.ahead_now()}
 
     @serve.multiplexed(max_num_models_per_replica=-1)
     async def _routed(self, model_id: str) -> str:

@@ -25,7 +25,7 @@ from ray.util import metrics
 
 from app.engine.params import GenerationRequest
 from app.pools.admin import PoolJob
-from app.pools.manager import POOL_AHEAD, POOL_ROOM
+from app.pools.manager import POOL_AHEAD, POOL_FREE, POOL_ROOM
 from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
 
 logger = logging.getLogger("ray.serve")
@@ -147,9 +147,13 @@ def named_replica(pending_request: PendingRequest | None) -> str | None:
 
 
 def with_room(replicas: list[RunningReplica]) -> list[RunningReplica]:
-    """The pool replicas that reported room for a model now (POOL_ROOM > 0); where none did, those whose room
-    comes after the fewest requests (POOL_AHEAD); all of them where none reported either."""
+    """The pool replicas that reported a free place (POOL_FREE > 0: the load evicts nothing), else room for a
+    model now (POOL_ROOM > 0: an idle model to evict, which its next request would load again); where none did,
+    those whose room comes after the fewest requests (POOL_AHEAD); all of them where none reported either."""
     stats = [(r, r.routing_stats or {}) for r in replicas]
+    free = [r for r, s in stats if s.get(POOL_FREE, 0) > 0]
+    if free:
+        return free
     roomy = [r for r, s in stats if s.get(POOL_ROOM, 0) > 0]
     if roomy:
         return roomy
@@ -165,7 +169,7 @@ class PoolAffinityRouter(MultiplexMixin, PrefixAffinityRouter):
     request's model; past Serve's matching timeout, those holding the fewest models, then any: a cold load),
     then the prefix choice among them. Of two replicas holding a popular model, a conversation's next turn
     goes back to the one holding its KV. A model no replica holds goes to a replica with room for it now (a free
-    place, or an idle model to evict: its `record_routing_stats`, at most a second old) where one has: elsewhere
+    place first, else an idle model to evict: its `record_routing_stats`, at most a second old) where one has: elsewhere
     it would wait for a held model's requests to end (seconds each on a CPU) before its load could begin; where
     none has, to the replica whose room comes after the fewest requests. An
     admin job naming its replica (unload, pin) goes to that replica, so it reaches each replica that may hold

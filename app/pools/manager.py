@@ -38,9 +38,11 @@ PoolState = Literal["loaded", "loading", "available"]
 # What a pool reports happening to a model: ("loaded", seconds), ("load_failed", why), ("evicted", lru|idle).
 Event = Literal["loaded", "load_failed", "evicted", "room_waited", "claimed"]
 
-# The keys of a pool replica's routing stats: how many models could begin loading there now (room_now), and where
-# none could, how many requests the soonest room waits for (ahead_now).
+# The keys of a pool replica's routing stats: how many models could begin loading there now (room_now), how many of
+# those without evicting one (free_now), and where none could, how many requests the soonest room waits for
+# (ahead_now).
 POOL_ROOM = "pool_room"
+POOL_FREE = "pool_free"
 POOL_AHEAD = "pool_ahead"
 FULL_RETRY_AFTER_S = 2
 UNLOAD_WAIT_S = 10.0  # how long an unload waits for the model's requests (and a load under way) to end
@@ -113,7 +115,11 @@ class PoolManager(Generic[Host]):
         """Models a request could begin loading here now, without waiting for room: free places under max_models
         and idle models it may evict (the pool router sends a model no replica holds to a replica with room,
         deployments/prefix_router.py). A hint: the memory budget may still make a load evict two."""
-        return max(0, self.plan.max_models - len(self.entries)) + len(self._idle())
+        return self.free_now() + len(self._idle())
+
+    def free_now(self) -> int:
+        """Free places under max_models: a model loaded there evicts none (a hint, as room_now)."""
+        return max(0, self.plan.max_models - len(self.entries))
 
     def ahead_now(self) -> int | None:
         """Where there is no room: the fewest requests on a model that could make room once they end (loaded, not

@@ -17,7 +17,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 from app.engine.jobs import CountPromptJob  # noqa: E402
 from app.engine.params import GenerationRequest, InfillPrompt  # noqa: E402
 from deployments.prefix_router import PoolAffinityRouter, PrefixAffinityRouter, prompt_of  # noqa: E402
-from app.pools.manager import POOL_AHEAD, POOL_ROOM  # noqa: E402
+from app.pools.manager import POOL_AHEAD, POOL_FREE, POOL_ROOM  # noqa: E402
 
 DEP = DeploymentID(name="LlamaModel-m", app_name="llamaray")
 SYSTEM = "".join(f"Sentence {i} of a long shared system prompt. " for i in range(60))
@@ -225,6 +225,10 @@ def test_a_model_no_pool_replica_holds_goes_to_a_replica_with_room_for_it():
         assert names(await router.choose_replicas([a, b], for_model("m8", "hello"))) == [["b"]]
         b.routing_stats = {POOL_ROOM: 0, POOL_AHEAD: None}
         assert names(await router.choose_replicas([a, b], for_model("m9", "hello"))) == [["a"]]
+        # Room in both: a free place (nothing evicted) before an idle model that would go, whatever the load.
+        a.routing_stats, b.routing_stats = {POOL_ROOM: 2, POOL_FREE: 0}, {POOL_ROOM: 1, POOL_FREE: 1}
+        a.ongoing = 0
+        assert names(await router.choose_replicas([a, b], for_model("m10", "hello"))) == [["b"]]
 
     asyncio.run(run())
 

@@ -299,14 +299,14 @@ def test_a_claim_comes_after_claim_after_s_and_ends_with_its_waiter():
 def test_room_now_counts_free_places_and_idle_models_it_may_evict():
     async def run():
         manager, _, _ = make(("a", "b", "c"), max_models=2, pinned=("b",))
-        assert manager.room_now() == 2  # nothing held
+        assert manager.room_now() == manager.free_now() == 2  # nothing held
         async with manager.use("a"):
-            assert manager.room_now() == 1  # a busy: one free place
+            assert manager.room_now() == manager.free_now() == 1  # a busy: one free place
             await answer(manager, "b")
-            assert manager.room_now() == 0  # a busy, b pinned
-        assert manager.room_now() == 1  # a idle: it may go
+            assert manager.room_now() == manager.free_now() == 0  # a busy, b pinned
+        assert manager.room_now() == 1 and manager.free_now() == 0  # a idle: it may go, but no place is free
         manager.set_pinned("b", False)
-        assert manager.room_now() == 2
+        assert manager.room_now() == 2 and manager.free_now() == 0
     asyncio.run(run())
 
 
