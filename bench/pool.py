@@ -52,6 +52,7 @@ import httpx
 import yaml
 
 from app.ops.config_overlay import merge, without_unused_deployments
+from app.ops.pools import POOL_ONGOING_PER_SLOT
 from app.ops.ray_env import LOCAL_RAY_ENV
 from app.pools.manager import FULL_RETRY_AFTER_S
 
@@ -133,7 +134,7 @@ def arm_config(arm: str, port: int, *, self_check: bool = True, n_ctx: int = MOD
         app["args"]["models"] = [{**m, "pool": POOL} for m in models]
         app["args"]["pools"] = [{"name": POOL, "max_models": MAX_MODELS}]
         app["deployments"] = [*front, {
-            "name": f"LlamaPool-{POOL}", "max_ongoing_requests": MODEL_KEYS["n_seq_max"] * MAX_MODELS,
+            "name": f"LlamaPool-{POOL}", "max_ongoing_requests": MODEL_KEYS["n_seq_max"] * MAX_MODELS * POOL_ONGOING_PER_SLOT,
             "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
             "ray_actor_options": {"num_cpus": 1, "num_gpus": 0}}]
     elif arm == "dedicated":

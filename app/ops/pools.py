@@ -106,6 +106,7 @@ def pool_node_problems(plan: PoolPlan, request: dict[str, float], nodes: dict[st
             f"or place the pool on nodes with more memory"]
 
 
+POOL_ONGOING_PER_SLOT = 2
 # Seconds between a pool replica's reports of its room (LlamaPool.record_routing_stats): one actor call a second.
 ROOM_STATS_PERIOD_S = 1.0
 
@@ -123,7 +124,10 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
     gpu = any(m.n_gpu_layers not in (None, 0) for m in members)
     n_ctx = max((m.n_ctx for m in members), default=4096)
     return {
-        "max_ongoing_requests": slots * pool.max_models,
+        # Twice its models' slots: one replica's cap is shared by the models it holds, and at the bare sum a popular
+        # model's queued requests fill it, so its replica-mates' requests wait in Serve's queue behind them (not
+        # for a slot of their own model). The engines queue the extra requests per model (docs/benchmarks.md).
+        "max_ongoing_requests": slots * pool.max_models * POOL_ONGOING_PER_SLOT,
         "autoscaling_config": {"min_replicas": 1, "max_replicas": DEFAULT_MAX_REPLICAS,
                                "target_ongoing_requests": max(1, math.ceil(slots * 3 / 4))},
         "ray_actor_options": {"num_cpus": float(threads), "num_gpus": 1 if gpu else 0},

@@ -65,7 +65,7 @@ def test_the_pool_deployment_scales_like_a_model_deployment():
     args = parse_args({"models": [pooled("a", n_threads=2), pooled("b")], "pools": [{"name": "tail", "max_models": 3}]})
     options = pool_deployment_defaults(args.pools[0], args.models)
     assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0}
-    assert options["max_ongoing_requests"] == 6
+    assert options["max_ongoing_requests"] == 12  # twice the slots of its 3 models: one model's queue leaves room
     assert options["autoscaling_config"]["min_replicas"] == 1
 
 
