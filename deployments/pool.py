@@ -62,10 +62,13 @@ class LocalPool:
     async def _load(self, model_id: str) -> EngineHost:
         self._on_change("loading", model_id)  # published: /v1/models shows it loading, not only once loaded
         loop, changed = asyncio.get_running_loop(), asyncio.Event()
+
+        def wake() -> None:  # on the fetch thread, which must go on to start the engine whatever happens here
+            with contextlib.suppress(RuntimeError):  # the loop closed: the replica is going away
+                loop.call_soon_threadsafe(changed.set)
         # A remote model (hf://, s3://, a checksum) starts on a thread of its own once fetched, even when the file
         # is already in the node's cache: its waiting request is woken by that, not by a poll's next tick.
-        host = await asyncio.to_thread(EngineHost, self.specs[model_id],
-                                       lambda: loop.call_soon_threadsafe(changed.set))
+        host = await asyncio.to_thread(EngineHost, self.specs[model_id], wake)
         while True:
             changed.clear()
             if host.state().state not in ("loading", "downloading"):

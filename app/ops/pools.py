@@ -106,6 +106,7 @@ def pool_node_problems(plan: PoolPlan, request: dict[str, float], nodes: dict[st
             f"or place the pool on nodes with more memory"]
 
 
+# A pool replica's max_ongoing_requests per slot of the models it holds (pool_deployment_defaults says why).
 POOL_ONGOING_PER_SLOT = 2
 # Seconds between a pool replica's reports of its room (LlamaPool.record_routing_stats): one actor call a second.
 ROOM_STATS_PERIOD_S = 1.0
