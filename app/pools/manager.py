@@ -243,7 +243,7 @@ class PoolManager(Generic[Host]):
         while len(self.entries) >= self.plan.max_models or (budget is not None and self.used_bytes() + need > budget):
             if not evict:
                 raise self._busy_for_batch(model_id)
-            victim = self._lru_idle()
+            victim = self._to_evict()
             if victim is None:
                 busy = ", ".join(sorted(self.entries))
                 why = (f"{self.plan.max_models} models (max_models)" if len(self.entries) >= self.plan.max_models
@@ -355,7 +355,7 @@ class PoolManager(Generic[Host]):
         return [(e.last_used, m) for m, e in self.entries.items()
                 if e.host is not None and e.active == 0 and m not in self.pins]
 
-    def _lru_idle(self) -> str | None:
+    def _to_evict(self) -> str | None:
         """The model that may go: one a waiting request claimed first, else the one least in demand, else the least
         recently used."""
         idle = [(m not in self._claimed, self.demand(m), last_used, m) for last_used, m in self._idle()]

