@@ -51,7 +51,8 @@ def prompt_of(pending_request: PendingRequest | None) -> tuple[str, str] | None:
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """Sends a prompt to the replica most likely holding the KV of its longest prefix, unless that
-    replica is busy; everything else (and a busy preferred replica) to the least loaded replica.
+    replica is busy; then to a replica whose node's disk holds it (node records: the KV tiers); everything
+    else (and a busy preferred replica) to the least loaded replica.
 
     `choose_replicas` returns ranks: [[preferred], [the rest, best first]]; Serve tries the first rank
     (the replica may still reject a request when full) and then the next, picking the least loaded in
@@ -66,7 +67,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """
 
     def initialize_state(self, **kwargs: Any) -> None:
-        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance (app/routing/prefix_routing.py).
+        # request_router_kwargs: block_chars, max_chars, min_match_chars, imbalance, node_chars
+        # (app/routing/prefix_routing.py).
         # `llamaray check-config` refuses other keys; here they are only logged, since failing would fail
         # every request of this handle.
         unknown = sorted(set(kwargs) - ROUTER_KWARGS)
@@ -76,7 +78,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.prefix = PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})
         self.decisions = metrics.Counter(
             "llamaray_route_decisions_total",
-            "Model requests routed, by why the replica was chosen (prefix, load, busy).",
+            "Model requests routed, by why the replica was chosen (prefix, node, load, busy).",
             tag_keys=("deployment", "reason"))
         self._deployment = self._deployment_id.name
 
@@ -132,7 +134,9 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        self._prefix().sync(r.replica_id for r in replicas)
+        # A stand-in or an old Serve may not say where a replica runs: no node record for it then.
+        self._prefix().sync((r.replica_id for r in replicas),
+                            {r.replica_id: getattr(r, "node_id", None) for r in replicas})
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

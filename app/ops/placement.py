@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from ..config.schema import ModelConfig
-from ..routing.prefix_routing import max_chars_for
+from ..routing.prefix_routing import router_kwargs
 
 # Code defaults of the two CPU deployments (their @serve.deployment decorators use these). The front door
 # reserves no CPU, as Serve's own proxy and controller: Ray Serve starts every deployment's replicas together
@@ -53,7 +53,8 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
     - with `routing: prefix` (the default), the prefix-aware request router, its records bounded by
       what one replica's slots hold (`n_seq_max` prompts of `n_ctx` tokens). Always, not only when
       `max_replicas` > 1: autoscaling adds replicas at run time, and with one replica the router
-      costs a hash of the prompt per request (it skips the choice itself). Not for an embedding model: its
+      costs a hash of the prompt per request (it skips the choice itself); where the model keeps states on
+      its nodes' disks (`kv_cache.disk`, the default), per-node records too. Not for an embedding model: its
       requests reuse no KV, so Serve's load balancing serves them.
     """
     options: dict[str, Any] = {
@@ -65,7 +66,7 @@ def model_deployment_defaults(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.routing == "prefix" and cfg.kind == "chat":  # an embedding request has no prefix to reuse
         options["request_router_config"] = {
             "request_router_class": PREFIX_ROUTER_CLASS,
-            "request_router_kwargs": {"max_chars": max_chars_for(cfg.n_seq_max, cfg.n_ctx)},
+            "request_router_kwargs": router_kwargs(cfg.n_seq_max, cfg.n_ctx, cfg.kv_cache.disk),
         }
     return options
 

@@ -14,7 +14,7 @@ from ..config.spec import ModelSpec
 from ..model_sources.gguf import GGUFError
 from ..pools.plan import MIB, PoolPlan, mib
 from .capacity import gguf_memory, local_gguf_files
-from ..routing.prefix_routing import max_chars_for
+from ..routing.prefix_routing import router_kwargs
 from .placement import DEFAULT_MAX_REPLICAS, POOL_ROUTER_CLASS, fits, ingress_hosting_defaults
 
 
@@ -134,7 +134,8 @@ def pool_deployment_defaults(pool: PoolConfig, models: list[ModelConfig]) -> dic
         "ray_actor_options": {"num_cpus": float(threads), "num_gpus": 1 if gpu else 0},
         "request_router_config": {
             "request_router_class": POOL_ROUTER_CLASS,
-            "request_router_kwargs": {"max_chars": max_chars_for(slots * pool.max_models, n_ctx)},
+            "request_router_kwargs": router_kwargs(slots * pool.max_models, n_ctx,
+                                                   any(m.kv_cache.disk for m in members if m.kind == "chat")),
             # How fresh the router's view of each replica's room for a cold model is (Serve's default: 10 s,
             # longer than a request here).
             "request_routing_stats_period_s": ROOM_STATS_PERIOD_S,

@@ -18,6 +18,14 @@ The record is an estimate: a replica's slots hold about `n_seq_max` prompts and 
 ones come, so the bound (`max_chars` per replica) should be about what its slots can hold
 (`n_seq_max * n_ctx` tokens at a few characters a token). A wrong guess costs a cache miss, never a
 wrong answer.
+
+Beyond a replica's memory, a model keeps prefilled states on its node's disk (app/kvstore), which every
+replica on that node restores from, the replica that saved them gone or not. With `node_chars` set (the
+builder sets it where the model has a disk tier), the router keeps a second record per node, of the prompts
+sent to any replica there: when no replica holds a prompt's prefix in memory (its replica died, or is busy),
+a replica on a node whose disk holds it restores it instead of prefilling, and is preferred over one on a
+node that does not, as long as it is not busy. On one node every replica has the same disk and the record
+changes nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +45,11 @@ CHARS_PER_TOKEN = 4
 
 
 # The settings a deployment's request_router_kwargs may give PrefixRouter.
-ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbalance"})
+ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbalance", "node_chars"})
+# A node's record against one replica's: a node's disk keeps the states of all its replicas, and keeps them
+# longer than their slots do (bounded by `kv_cache.disk_mib`, whose tokens the builder cannot count without
+# the GGUF's shapes; an overestimate costs a restore that finds nothing and prefills, as a cache miss does).
+NODE_RECORD_FACTOR = 8
 
 
 def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS, scope: str = "") -> list[int]:
@@ -100,7 +112,9 @@ class Choice:
     """A routing decision: `order` is every replica, best first (`order[0]` is the choice);
     `reason` is `prefix` (the replica holding the longest prefix), `load` (no prefix worth it: the
     least loaded) or `busy` (the replica with the prefix is too loaded: the least loaded instead);
-    `matched_chars` is the prefix the chosen replica holds, as far as the router knows."""
+    `node` (no replica holds the prefix in memory, or the one holding it is busy: a replica whose node's disk
+    holds it, which restores it); `matched_chars` is the prefix the chosen replica holds, in memory or on its
+    node's disk, as far as the router knows."""
 
     order: list[Hashable]
     reason: str
@@ -119,22 +133,31 @@ class PrefixRouter:
       above the least loaded replica (default: half its capacity, at least 2).
     - Otherwise (no such prefix, or busy) the least loaded replica; ties go to the longer prefix,
       then to the smaller record (a replica with less cached spreads new prefixes), then at random.
+    - Before falling back to load, with node records on (`node_chars` > 0): the replica whose node's disk
+      holds the longest prefix (at least `min_match_chars`, longer than what the least loaded replica's node
+      holds), unless it is busy.
     - Replicas with an unknown load count as idle (the caller should ask them first when it can).
     """
 
     def __init__(self, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_chars: int = DEFAULT_MAX_CHARS,
                  min_match_chars: int = DEFAULT_MIN_MATCH_CHARS, imbalance: int | None = None,
-                 rng: random.Random | None = None) -> None:
+                 node_chars: int = 0, rng: random.Random | None = None) -> None:
         if block_chars < 1:
             raise ValueError("block_chars must be at least 1")
         if imbalance is not None and imbalance < 1:
             raise ValueError("imbalance must be at least 1")
+        if node_chars < 0:
+            raise ValueError("node_chars must be 0 (no node records) or more")
         self.block_chars = block_chars
         self.max_blocks = max(1, max_chars // block_chars)
         self.min_match_chars = min_match_chars
         self.imbalance = imbalance
         self.rng = rng or random.Random()
         self.records: dict[Hashable, PrefixRecord] = {}
+        # 0: no node records. Otherwise each node's record, kept while its replicas come and go (the disk stays).
+        self.node_blocks = node_chars // block_chars if node_chars else 0
+        self.node_records: dict[Hashable, PrefixRecord] = {}
+        self.node_of: dict[Hashable, Hashable] = {}
 
     # -- records ---------------------------------------------------------------------------------
     def record_of(self, replica: Hashable) -> PrefixRecord:
@@ -146,18 +169,36 @@ class PrefixRouter:
     def record(self, prompt: str, replica: Hashable, scope: str = "") -> None:
         """`prompt` (of cache scope `scope`) was sent to `replica` (call it once the replica accepted
         the request)."""
-        self.record_of(replica).add(block_hashes(prompt, self.block_chars, scope))
+        hashes = block_hashes(prompt, self.block_chars, scope)
+        self.record_of(replica).add(hashes)
+        node = self.node_of.get(replica)
+        if self.node_blocks and node is not None:
+            rec = self.node_records.get(node)
+            if rec is None:
+                rec = self.node_records[node] = PrefixRecord(max(1, self.node_blocks))
+            rec.add(hashes)
 
-    def sync(self, replicas: Iterable[Hashable]) -> None:
-        """The live replicas are `replicas`: new ones get an empty record, vanished ones are forgotten."""
+    def sync(self, replicas: Iterable[Hashable], nodes: Mapping[Hashable, Hashable | None] | None = None) -> None:
+        """The live replicas are `replicas` (`nodes`: the node each runs on, where known): new ones get an empty
+        record, vanished ones are forgotten. Node records stay: the node's disk keeps what they stand for."""
         live = set(replicas)
         for gone in [r for r in self.records if r not in live]:
             del self.records[gone]
         for r in live:
             self.record_of(r)
+        self.node_of = {r: n for r, n in (nodes or {}).items() if r in live and n is not None}
 
     def forget(self, replica: Hashable) -> None:
         self.records.pop(replica, None)
+        self.node_of.pop(replica, None)
+
+    def node_matched_chars(self, prompt: str, replica: Hashable, scope: str = "") -> int:
+        """The prefix of `prompt` the disk of `replica`'s node holds, as far as the router knows."""
+        return self._node_match(block_hashes(prompt, self.block_chars, scope), replica)
+
+    def _node_match(self, hashes: Sequence[int], replica: Hashable) -> int:
+        rec = self.node_records.get(self.node_of.get(replica)) if self.node_blocks else None
+        return rec.match(hashes) * self.block_chars if rec else 0
 
     def matched_chars(self, prompt: str, replica: Hashable, scope: str = "") -> int:
         rec = self.records.get(replica)
@@ -190,14 +231,29 @@ class PrefixRouter:
         by_prefix = max(loads, key=lambda r: (matched[r], -ongoing[r], -size[r], jitter[r]))
         by_load = sorted(loads, key=lambda r: (ongoing[r] >= loads[r].capacity, ongoing[r], -matched[r],
                                                size[r], jitter[r]))
-        if matched[by_prefix] >= self.min_match_chars and matched[by_prefix] > 0:
-            if not self._busy(loads[by_prefix], least):
-                rest = [r for r in by_load if r != by_prefix]
-                return Choice([by_prefix, *rest], "prefix", matched[by_prefix])
-            return Choice(by_load, "busy", matched[by_load[0]])
-        return Choice(by_load, "load", matched[by_load[0]])
+        held = matched[by_prefix] >= self.min_match_chars and matched[by_prefix] > 0
+        if held and not self._busy(loads[by_prefix], least):
+            rest = [r for r in by_load if r != by_prefix]
+            return Choice([by_prefix, *rest], "prefix", matched[by_prefix])
+        if self.node_blocks:
+            on_disk = {r: self._node_match(hashes, r) for r in loads}
+            by_node = max(loads, key=lambda r: (on_disk[r], -ongoing[r], -size[r], jitter[r]))
+            best = on_disk[by_node]
+            # Only where nodes differ: the least loaded replica's node holding as much restores it just the same.
+            if (best >= self.min_match_chars and best > max(matched[by_load[0]], on_disk[by_load[0]])
+                    and not self._busy(loads[by_node], least)):
+                rest = [r for r in by_load if r != by_node]
+                return Choice([by_node, *rest], "node", best)
+        return Choice(by_load, "busy" if held else "load", matched[by_load[0]])
 
 
 def max_chars_for(n_seq_max: int, n_ctx: int) -> int:
     """A record bound matching what one replica's slots hold: `n_seq_max` sequences of `n_ctx` tokens."""
     return n_seq_max * n_ctx * CHARS_PER_TOKEN
+
+
+def router_kwargs(n_seq_max: int, n_ctx: int, disk_tier: bool) -> dict[str, int]:
+    """The builder's settings of a model's (or pool's) router: records bounded by what one replica's slots hold,
+    and node records where the model keeps states on its nodes' disks."""
+    max_chars = max_chars_for(n_seq_max, n_ctx)
+    return {"max_chars": max_chars, **({"node_chars": max_chars * NODE_RECORD_FACTOR} if disk_tier else {})}

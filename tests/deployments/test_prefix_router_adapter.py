@@ -27,8 +27,9 @@ class StandIn:
     """What a router reads of a RunningReplica, plus the probe it answers."""
 
     def __init__(self, name: str, ongoing: int = 0, capacity: int = 4, models: tuple[str, ...] = (),
-                 room: int | None = None) -> None:
+                 room: int | None = None, node: str | None = None) -> None:
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEP)
+        self.node_id = node
         self.ongoing, self.max_ongoing_requests, self.probes = ongoing, capacity, 0
         self.multiplexed_model_ids = set(models)  # a pool replica's loaded models, as Serve reports them
         # A pool replica's routing stats (LlamaPool.record_routing_stats); {} before its first report.
@@ -156,6 +157,23 @@ def test_records_follow_the_replicas_serve_reports():
         router.on_request_routed(gen(SYSTEM), b.replica_id, None)
         router.on_replica_actor_died(b.replica_id)
         assert set(router.prefix.records) == {c.replica_id}
+
+    asyncio.run(run())
+
+
+def test_a_dead_replicas_conversation_goes_to_its_node_where_the_disk_holds_it():
+    async def run():
+        a, b = StandIn("a", node="n1"), StandIn("b", ongoing=1, node="n1")
+        c = StandIn("c", node="n2")
+        router = await new_router(a, b, c, min_match_chars=128, node_chars=1 << 20)
+        turn = SYSTEM + "user: first question"
+        router.on_request_routed(gen(turn), a.replica_id, None)
+        router.update_replicas([b, c])  # a died; n1's disk keeps what it saved
+        ranks = await router.choose_replicas([b, c], gen(turn + " assistant: an answer. user: next"))
+        assert names(ranks) == [["b"], ["c"]]  # b restores it from n1's disk; c, less loaded, would prefill it
+        # Serve without node ids (a stand-in without them): no node records, load decides
+        plain = await new_router(StandIn("a"), StandIn("b", ongoing=1), min_match_chars=128, node_chars=1 << 20)
+        assert plain.prefix.node_of == {}
 
     asyncio.run(run())
 

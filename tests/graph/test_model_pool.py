@@ -17,6 +17,7 @@ import pytest
 
 from app.config.paths import resolve_path
 from app.kvstore.key import file_sha256
+from tests.support.prometheus import series, total
 from tests.support.serve_harness import pool_deployments, BUNDLED, POOL, SHAPES, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -82,11 +83,7 @@ def wait_for(check, timeout_s: float, what: str):
 
 def metric_lines(cluster, name: str) -> list[str]:
     text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
-    return [ln for ln in text.splitlines() if ln.startswith(f"ray_{name}{{")]
-
-
-def metric_sum(lines: list[str]) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+    return series(text, f"ray_{name}")
 
 
 def test_models_are_listed_with_their_pool_and_state(client):
@@ -125,7 +122,7 @@ def test_every_model_answers_and_evictions_reach_metrics(pcluster, client):
         body = r.json()
         assert body["model"] == model and body["usage"]["completion_tokens"] >= 1
     evictions = wait_for(lambda: metric_lines(pcluster, "llamaray_pool_evictions_total"), 30, "eviction metrics")
-    assert metric_sum(evictions) >= 1, evictions
+    assert total(evictions) >= 1, evictions
     assert all(f'pool="{POOL_NAME}"' in ln for ln in evictions)
     assert not any(f'model="{PINNED}"' in ln for ln in evictions), evictions
     loads = wait_for(lambda: [ln for ln in metric_lines(pcluster, "llamaray_pool_loads_total")
@@ -231,7 +228,7 @@ def test_a_model_evicted_and_loaded_again_restores_its_preamble_from_disk(client
 # ---- a cold model is not starved by busy ones (app/pools/manager.py: the claim for room) ---------------------
 
 def claims(cluster) -> float:
-    return metric_sum(metric_lines(cluster, "llamaray_pool_claims_total"))
+    return total(metric_lines(cluster, "llamaray_pool_claims_total"))
 
 
 def test_a_cold_model_claims_a_busy_one_and_is_served_before_room_wait_s(pcluster, client):

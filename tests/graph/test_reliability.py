@@ -15,6 +15,7 @@ import pytest
 from app.config.spec import deployment_name
 from app.engine.jobs import StatsJob
 from tests.support.openapi_spec import assert_valid
+from tests.support.prometheus import series, total
 from tests.support.serve_harness import MODEL, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = pytest.mark.timeout(900)
@@ -191,12 +192,11 @@ def test_metrics_reach_prometheus_endpoint(rcluster, http):
     missing = [w for w in wanted if w not in text]
     assert not missing, missing
     # Ray exports application metrics with a `ray_` prefix and Serve's deployment/replica tags.
-    ok_lines = [ln for ln in text.splitlines()
-                if ln.startswith("ray_llamaray_requests_total{") and 'status="ok"' in ln]
+    ok_lines = [ln for ln in series(text, "ray_llamaray_requests_total") if 'status="ok"' in ln]
     assert ok_lines, [ln for ln in text.splitlines() if "llamaray_requests_total" in ln]
     assert 'deployment="ChatProcessor"' in ok_lines[0]  # the processing records each request
-    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in ok_lines) >= 1
-    running = [ln for ln in text.splitlines() if ln.startswith("ray_llamaray_running_sequences{")]
+    assert total(ok_lines) >= 1
+    running = series(text, "ray_llamaray_running_sequences")
     assert running and f'deployment="{MODEL_DEPLOYMENT}"' in running[0]
 
 

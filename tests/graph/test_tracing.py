@@ -16,6 +16,7 @@ import pytest
 
 from app.config.spec import deployment_name
 from bench.harness.otlp_collector import CLIENT, SERVER, OTLPCollector
+from tests.support.prometheus import series, total
 from tests.support.serve_harness import APP, MODEL, ServeCluster, free_port, load_config, sse_json
 
 pytestmark = pytest.mark.timeout(600)
@@ -139,14 +140,14 @@ def test_model_metrics_under_vllm_names(traced):
         time.sleep(1)
     missing = [w for w in wanted if f"\n{w}{{" not in text]
     assert not missing, missing
-    ttft = [ln for ln in text.splitlines() if ln.startswith("ray_vllm_time_to_first_token_seconds_count{")]
+    ttft = series(text, "ray_vllm_time_to_first_token_seconds_count")
     assert ttft and all(f'model_name="{MODEL}"' in ln and 'engine="0"' in ln for ln in ttft), ttft
     host = "Ingress" if topology == "single" else MODEL_DEPLOYMENT
     assert any(f'deployment="{host}"' in ln for ln in ttft), ttft
-    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in ttft) >= 1
-    accepted = [ln for ln in text.splitlines() if ln.startswith("ray_vllm_spec_decode_num_accepted_tokens_total{")]
-    assert sum(float(ln.rsplit(" ", 1)[1]) for ln in accepted) >= 1, accepted
-    success = [ln for ln in text.splitlines() if ln.startswith("ray_vllm_request_success_total{")]
+    assert total(ttft) >= 1
+    accepted = series(text, "ray_vllm_spec_decode_num_accepted_tokens_total")
+    assert total(accepted) >= 1, accepted
+    success = series(text, "ray_vllm_request_success_total")
     assert any('finished_reason="length"' in ln for ln in success), success
     requests = [ln for ln in text.splitlines() if ln.startswith("ray_llamaray_requests_total{")]
     assert any(re.search(r'protocol="completions".*status="ok"|status="ok".*protocol="completions"', ln)

@@ -55,7 +55,11 @@ def test_defaults_route_by_prefix_with_records_the_size_of_the_slots():
     opts = model_deployment_defaults(ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048, routing="prefix"))
     assert opts["request_router_config"] == {
         "request_router_class": "deployments.prefix_router:PrefixAffinityRouter",
-        "request_router_kwargs": {"max_chars": 4 * 2048 * 4}}
+        "request_router_kwargs": {"max_chars": 4 * 2048 * 4, "node_chars": 8 * 4 * 2048 * 4}}
+    # node records only where the model keeps states on its nodes' disks
+    no_disk = ModelConfig(id="m", model_path="x", n_seq_max=4, n_ctx=2048, kv_cache={"disk": False})
+    assert model_deployment_defaults(no_disk)["request_router_config"]["request_router_kwargs"] == {
+        "max_chars": 4 * 2048 * 4}
     # routing: load leaves Serve's default router (power of two choices)
     assert "request_router_config" not in model_deployment_defaults(ModelConfig(id="m", model_path="x", routing="load"))
     with pytest.raises(ValueError):

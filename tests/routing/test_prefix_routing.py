@@ -12,6 +12,7 @@ from app.routing.prefix_routing import (
     ReplicaLoad,
     block_hashes,
     max_chars_for,
+    router_kwargs,
 )
 
 SYSTEM = "".join(f"Rule {i}: answer the question about topic {i * 7 % 13} briefly. " for i in range(40))
@@ -201,3 +202,75 @@ def test_scopes_never_match_each_other():
     assert r.choose(conversation(3, "alice"), idle("a", "b"), scope="key-1").reason == "prefix"
     assert r.choose(conversation(3, "alice"), idle("a", "b"), scope="key-2").reason == "load"
     assert block_hashes("x" * 128, 64, "s") != block_hashes("x" * 128, 64, "t")
+
+
+# ---- node records: the node's disk tier ------------------------------------------------------------
+
+NODES = {"a": "n1", "b": "n1", "c": "n2", "d": "n2"}
+
+
+def test_a_dead_replicas_conversation_goes_to_a_replica_on_its_node_which_restores_it_from_disk():
+    r = router(min_match_chars=128, node_chars=1 << 20)
+    r.sync(["a", "b", "c", "d"], NODES)
+    r.record(conversation(2, "alice"), "a")
+    r.sync(["b", "c", "d"], NODES)  # a died; its states stay on n1's disk
+    # c on the other node is less loaded, but b restores alice's prefix from n1's disk
+    loads = {"b": ReplicaLoad(1, 4), "c": ReplicaLoad(0, 4), "d": ReplicaLoad(0, 4)}
+    choice = r.choose(conversation(3, "alice"), loads)
+    assert choice.replica == "b" and choice.reason == "node"
+    assert choice.matched_chars >= len(conversation(2, "alice")) - 64
+    assert r.node_matched_chars(conversation(3, "alice"), "c") == 0
+    # ...unless b is busy: then load wins
+    loads["b"] = ReplicaLoad(4, 4)
+    assert r.choose(conversation(3, "alice"), loads).reason == "load"
+    # a prompt no node holds: load
+    assert r.choose("fresh " * 100, {"b": ReplicaLoad(1, 4), "c": ReplicaLoad(0, 4)}).reason == "load"
+    # bob shares alice's system prompt, which n1's disk holds: b, as the prefix choice would in memory
+    assert r.choose(conversation(0, "bob"), {"b": ReplicaLoad(1, 4), "c": ReplicaLoad(0, 4)}).replica == "b"
+
+
+def test_a_busy_holder_hands_its_conversation_to_a_replica_on_its_own_node():
+    r = router(min_match_chars=128, node_chars=1 << 20)
+    r.sync(["a", "b", "c"], NODES)
+    r.record(conversation(2, "alice"), "a")
+    loads = {"a": ReplicaLoad(4, 4), "b": ReplicaLoad(1, 4), "c": ReplicaLoad(0, 4)}
+    choice = r.choose(conversation(3, "alice"), loads)
+    assert choice.replica == "b" and choice.reason == "node" and choice.order[-1] == "a"
+    # without node records the least loaded replica prefills it
+    plain = router(min_match_chars=128)
+    plain.sync(["a", "b", "c"], NODES)
+    plain.record(conversation(2, "alice"), "a")
+    assert plain.choose(conversation(3, "alice"), loads).replica == "c"
+    assert plain.node_records == {} and plain.node_matched_chars(conversation(3, "alice"), "b") == 0
+
+
+def test_on_one_node_the_node_record_changes_nothing():
+    r = router(min_match_chars=128, node_chars=1 << 20)
+    r.sync(["a", "b", "c"], {"a": "n1", "b": "n1", "c": "n1"})
+    r.record(conversation(2, "alice"), "a")
+    choice = r.choose(conversation(3, "alice"), {"a": ReplicaLoad(4, 4), "b": ReplicaLoad(2, 4), "c": ReplicaLoad(1, 4)})
+    assert choice.reason == "busy" and choice.replica == "c"  # c restores from the same disk as b would
+
+
+def test_node_records_outlive_replicas_stay_bounded_and_keep_scopes_apart():
+    r = router(min_match_chars=128, node_chars=64 * 50)
+    r.sync(["a"], {"a": "n1"})
+    r.record(conversation(2, "alice"), "a", scope="key-1")
+    r.forget("a")
+    r.sync(["b"], {"b": "n1"})  # a replica placed on n1 later restores from its disk
+    assert r.node_matched_chars(conversation(3, "alice"), "b", scope="key-1") > 0
+    assert r.node_matched_chars(conversation(3, "alice"), "b", scope="key-2") == 0
+    for i in range(200):
+        r.record(f"prompt {i} " * 80, "b")
+    assert len(r.node_records["n1"]) == 50
+    # a replica whose node is not known has no node record
+    r.sync(["b", "x"], {"b": "n1"})
+    assert r.node_matched_chars("prompt 199 " * 80, "x") == 0 and r.node_matched_chars("prompt 199 " * 80, "b") > 0
+    with pytest.raises(ValueError):
+        PrefixRouter(node_chars=-1)
+
+
+def test_the_builder_keeps_node_records_only_where_the_model_has_a_disk_tier():
+    assert router_kwargs(4, 4096, disk_tier=False) == {"max_chars": max_chars_for(4, 4096)}
+    on = router_kwargs(4, 4096, disk_tier=True)
+    assert on["max_chars"] == max_chars_for(4, 4096) and on["node_chars"] > on["max_chars"]
