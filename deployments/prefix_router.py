@@ -26,7 +26,7 @@ from ray.util import metrics
 from app.engine.params import GenerationRequest
 from app.pools.admin import PoolJob
 from app.pools.manager import POOL_AHEAD, POOL_FREE, POOL_ROOM
-from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad
+from app.routing.prefix_routing import ROUTER_KWARGS, PrefixRouter, ReplicaLoad, router_kwargs_problem
 
 logger = logging.getLogger("ray.serve")
 
@@ -75,7 +75,12 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         if unknown:
             logger.error("llamaray: request_router_kwargs %s are not settings of the prefix router (known: %s); "
                          "ignored", unknown, ", ".join(sorted(ROUTER_KWARGS)))
-        self.prefix = PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})
+        known = {k: v for k, v in kwargs.items() if k in ROUTER_KWARGS}
+        problem = router_kwargs_problem(known)
+        if problem:
+            logger.error("llamaray: request_router_kwargs %s: %s; the prefix router's defaults are used", known, problem)
+            known = {}
+        self.prefix = PrefixRouter(**known)
         self.decisions = metrics.Counter(
             "llamaray_route_decisions_total",
             "Model requests routed, by why the replica was chosen (prefix, node, load, busy).",

@@ -43,7 +43,7 @@ from .pools import (
     pool_problems,
     single_hosting_defaults,
 )
-from ..routing.prefix_routing import ROUTER_KWARGS
+from ..routing.prefix_routing import ROUTER_KWARGS, router_kwargs_problem
 from ..prompt.preflight import preflight
 
 
@@ -276,10 +276,13 @@ def _model_problems(name: str, model: ModelConfig, options: dict[str, Any], bloc
                         f"with its default router, not the prefix-aware one model {model.id!r} asks for "
                         f"(routing: prefix): add request_router_class: {PREFIX_ROUTER_CLASS}, or set routing: load")
     if isinstance(router, dict) and router.get("request_router_class") == PREFIX_ROUTER_CLASS:
-        unknown = sorted(set(router.get("request_router_kwargs") or {}) - ROUTER_KWARGS)
+        kwargs = router.get("request_router_kwargs") or {}
+        unknown = sorted(set(kwargs) - ROUTER_KWARGS)
         if unknown:
             problems.append(f"{name}: request_router_kwargs {', '.join(unknown)} are not settings of the prefix "
                             f"router (known: {', '.join(sorted(ROUTER_KWARGS))})")
+        elif problem := router_kwargs_problem(kwargs):
+            problems.append(f"{name}: request_router_kwargs: {problem}")
     replicas = block.get("num_replicas")
     if isinstance(replicas, int) and "autoscaling_config" not in block:
         problems.append(f"{name}: num_replicas: {replicas} has no effect: the builder gives model deployments an "

@@ -34,6 +34,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Prefixes shorter than this are not worth a less loaded replica: every chat prompt starts with its
 # template's fixed header (e.g. a default system line), and recomputing a few dozen tokens is cheap.
@@ -250,6 +251,18 @@ class PrefixRouter:
 def max_chars_for(n_seq_max: int, n_ctx: int) -> int:
     """A record bound matching what one replica's slots hold: `n_seq_max` sequences of `n_ctx` tokens."""
     return n_seq_max * n_ctx * CHARS_PER_TOKEN
+
+
+def router_kwargs_problem(kwargs: Mapping[str, Any]) -> str | None:
+    """What is wrong with a deployment's request_router_kwargs for PrefixRouter (None: they make one)."""
+    for key, value in kwargs.items():
+        if key in ROUTER_KWARGS and (not isinstance(value, int) or isinstance(value, bool)) and value is not None:
+            return f"{key} must be an integer, not {value!r}"
+    try:
+        PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def router_kwargs(n_seq_max: int, n_ctx: int, disk_tier: bool) -> dict[str, int]:

@@ -130,6 +130,9 @@ def test_unknown_router_kwargs_are_ignored_not_fatal():
     async def run():
         router = await new_router(StandIn("a"), min_match_chars=512, threshold=3)
         assert router.prefix.min_match_chars == 512
+        # a value the router cannot take: its defaults, not a router that fails every request of the handle
+        router = await new_router(StandIn("a"), min_match_chars=512, node_chars=-1)
+        assert router.prefix.min_match_chars == 256 and router.prefix.node_blocks == 0
 
     asyncio.run(run())
 
