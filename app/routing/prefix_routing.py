@@ -51,6 +51,7 @@ ROUTER_KWARGS = frozenset({"block_chars", "max_chars", "min_match_chars", "imbal
 # longer than their slots do (bounded by `kv_cache.disk_mib`, whose tokens the builder cannot count without
 # the GGUF's shapes; an overestimate costs a restore that finds nothing and prefills, as a cache miss does).
 NODE_RECORD_FACTOR = 8
+VACANT_NODE_RECORDS = 16
 
 
 def block_hashes(text: str, block_chars: int = DEFAULT_BLOCK_CHARS, scope: str = "") -> list[int]:
@@ -157,7 +158,7 @@ class PrefixRouter:
         self.records: dict[Hashable, PrefixRecord] = {}
         # 0: no node records. Otherwise each node's record, kept while its replicas come and go (the disk stays).
         self.node_blocks = node_chars // block_chars if node_chars else 0
-        self.node_records: dict[Hashable, PrefixRecord] = {}
+        self.node_records: OrderedDict[Hashable, PrefixRecord] = OrderedDict()
         self.node_of: dict[Hashable, Hashable] = {}
 
     # -- records ---------------------------------------------------------------------------------
@@ -188,6 +189,14 @@ class PrefixRouter:
         for r in live:
             self.record_of(r)
         self.node_of = {r: n for r, n in (nodes or {}).items() if r in live and n is not None}
+        # A node none of the replicas runs on keeps its record (a replica placed there later restores from its
+        # disk) among the VACANT_NODE_RECORDS most recently vacated: nodes come and go on an autoscaled cluster.
+        occupied = set(self.node_of.values())
+        for node in occupied & self.node_records.keys():
+            self.node_records.move_to_end(node)
+        vacant = [n for n in self.node_records if n not in occupied]
+        for node in vacant[:max(0, len(vacant) - VACANT_NODE_RECORDS)]:
+            del self.node_records[node]
 
     def forget(self, replica: Hashable) -> None:
         self.records.pop(replica, None)

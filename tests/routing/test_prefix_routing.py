@@ -12,6 +12,7 @@ from app.routing.prefix_routing import (
     ReplicaLoad,
     block_hashes,
     max_chars_for,
+    VACANT_NODE_RECORDS,
     router_kwargs,
 )
 
@@ -268,6 +269,22 @@ def test_node_records_outlive_replicas_stay_bounded_and_keep_scopes_apart():
     assert r.node_matched_chars("prompt 199 " * 80, "x") == 0 and r.node_matched_chars("prompt 199 " * 80, "b") > 0
     with pytest.raises(ValueError):
         PrefixRouter(node_chars=-1)
+
+
+def test_records_of_nodes_no_replica_runs_on_are_bounded():
+    r = router(node_chars=1 << 16)
+    for i in range(40):  # an autoscaled cluster: each replica on a node of its own, then gone
+        r.sync([f"r{i}"], {f"r{i}": f"n{i}"})
+        r.record(f"prompt {i} " * 80, f"r{i}")
+    r.sync(["r39"], {"r39": "n39"})
+    assert len(r.node_records) == 1 + VACANT_NODE_RECORDS
+    assert "n39" in r.node_records and "n38" in r.node_records and "n0" not in r.node_records
+    # a node that has a replica again keeps its record whatever vacated after it
+    r.sync(["r39", "x"], {"r39": "n39", "x": "n38"})
+    for i in range(40, 80):
+        r.sync(["r39", "x", f"r{i}"], {"r39": "n39", "x": "n38", f"r{i}": f"n{i}"})
+        r.record(f"prompt {i} " * 80, f"r{i}")
+    assert r.node_matched_chars("prompt 38 " * 80, "x") > 0
 
 
 def test_the_builder_keeps_node_records_only_where_the_model_has_a_disk_tier():
