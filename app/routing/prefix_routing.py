@@ -135,9 +135,9 @@ class PrefixRouter:
       above the least loaded replica (default: half its capacity, at least 2).
     - Otherwise (no such prefix, or busy) the least loaded replica; ties go to the longer prefix,
       then to the smaller record (a replica with less cached spreads new prefixes), then at random.
-    - Before falling back to load, with node records on (`node_chars` > 0): the replica whose node's disk
-      holds the longest prefix (at least `min_match_chars`, longer than what the least loaded replica's node
-      holds), unless it is busy.
+    - Before falling back to load, with node records on (`node_chars` > 0) and where the nodes' disks differ: the
+      least loaded replica whose node's disk holds the longest prefix (at least `min_match_chars`, longer than
+      the least loaded replica holds in memory), unless it is busy.
     - Replicas with an unknown load count as idle (the caller should ask them first when it can).
     """
 
@@ -249,8 +249,9 @@ class PrefixRouter:
             on_disk = {r: self._node_match(hashes, r) for r in loads}
             by_node = max(loads, key=lambda r: (on_disk[r], -ongoing[r], -size[r], jitter[r]))
             best = on_disk[by_node]
-            # Only where nodes differ: the least loaded replica's node holding as much restores it just the same.
-            if (best >= self.min_match_chars and best > max(matched[by_load[0]], on_disk[by_load[0]])
+            # Only where nodes differ (on one node every replica restores it alike), and where the least loaded
+            # replica does not hold as much in memory.
+            if (best >= self.min_match_chars and best > min(on_disk.values()) and best > matched[by_load[0]]
                     and not self._busy(loads[by_node], least)):
                 rest = [r for r in by_load if r != by_node]
                 return Choice([by_node, *rest], "node", best)

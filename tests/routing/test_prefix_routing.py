@@ -221,6 +221,11 @@ def test_a_dead_replicas_conversation_goes_to_a_replica_on_its_node_which_restor
     assert choice.replica == "b" and choice.reason == "node"
     assert choice.matched_chars >= len(conversation(2, "alice")) - 64
     assert r.node_matched_chars(conversation(3, "alice"), "c") == 0
+    # at equal loads too, whatever the tie-break's draw
+    for seed in range(8):
+        r.rng = random.Random(seed)
+        choice = r.choose(conversation(3, "alice"), {"b": ReplicaLoad(0, 4), "c": ReplicaLoad(0, 4)})
+        assert choice.replica == "b" and choice.reason == "node"
     # ...unless b is busy: then load wins
     loads["b"] = ReplicaLoad(4, 4)
     assert r.choose(conversation(3, "alice"), loads).reason == "load"
