@@ -266,7 +266,9 @@ def max_chars_for(n_seq_max: int, n_ctx: int) -> int:
 def router_kwargs_problem(kwargs: Mapping[str, Any]) -> str | None:
     """What is wrong with a deployment's request_router_kwargs for PrefixRouter (None: they make one)."""
     for key, value in kwargs.items():
-        if key in ROUTER_KWARGS and (not isinstance(value, int) or isinstance(value, bool)) and value is not None:
+        if key == "imbalance" and value is None:  # None: the default, half a replica's capacity
+            continue
+        if key in ROUTER_KWARGS and (not isinstance(value, int) or isinstance(value, bool)):
             return f"{key} must be an integer, not {value!r}"
     try:
         PrefixRouter(**{k: v for k, v in kwargs.items() if k in ROUTER_KWARGS})

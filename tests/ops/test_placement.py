@@ -175,7 +175,9 @@ def test_a_router_block_without_a_class_drops_prefix_routing():
         "request_router_kwargs": {"imbalance": 4, "threshold": 2}}}))
     assert "request_router_kwargs threshold are not settings of the prefix router" in line
     for bad, said in (({"node_chars": -1}, "node_chars must be 0"), ({"imbalance": 0}, "imbalance must be at least 1"),
-                      ({"block_chars": "64"}, "block_chars must be an integer"), ({"max_chars": 1.5}, "max_chars must")):
+                      ({"block_chars": "64"}, "block_chars must be an integer"), ({"max_chars": 1.5}, "max_chars must"),
+                      ({"min_match_chars": None}, "min_match_chars must be an integer"),
+                      ({"node_chars": True}, "node_chars must be an integer")):
         line = _one_problem(_config(block={"request_router_config": {
             "request_router_class": "deployments.prefix_router:PrefixAffinityRouter", "request_router_kwargs": bad}}))
         assert said in line, line
