@@ -139,9 +139,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        # A stand-in or an old Serve may not say where a replica runs: no node record for it then.
-        self._prefix().sync((r.replica_id for r in replicas),
-                            {r.replica_id: getattr(r, "node_id", None) for r in replicas})
+        # node_id is None where Serve does not know it yet: no node record for that replica then.
+        self._prefix().sync((r.replica_id for r in replicas), {r.replica_id: r.node_id for r in replicas})
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

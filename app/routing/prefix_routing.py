@@ -156,8 +156,9 @@ class PrefixRouter:
         self.imbalance = imbalance
         self.rng = rng or random.Random()
         self.records: dict[Hashable, PrefixRecord] = {}
-        # 0: no node records. Otherwise each node's record, kept while its replicas come and go (the disk stays).
-        self.node_blocks = node_chars // block_chars if node_chars else 0
+        # 0 (node_chars below one block): no node records. Otherwise each node's record, kept while its replicas come
+        # and go (the disk stays).
+        self.node_blocks = node_chars // block_chars
         self.node_records: OrderedDict[Hashable, PrefixRecord] = OrderedDict()
         self.node_of: dict[Hashable, Hashable] = {}
 
@@ -177,7 +178,7 @@ class PrefixRouter:
         if self.node_blocks and node is not None:
             rec = self.node_records.get(node)
             if rec is None:
-                rec = self.node_records[node] = PrefixRecord(max(1, self.node_blocks))
+                rec = self.node_records[node] = PrefixRecord(self.node_blocks)
             rec.add(hashes)
 
     def sync(self, replicas: Iterable[Hashable], nodes: Mapping[Hashable, Hashable | None] | None = None) -> None:
@@ -207,7 +208,7 @@ class PrefixRouter:
         return self._node_match(block_hashes(prompt, self.block_chars, scope), replica)
 
     def _node_match(self, hashes: Sequence[int], replica: Hashable) -> int:
-        rec = self.node_records.get(self.node_of.get(replica)) if self.node_blocks else None
+        rec = self.node_records.get(self.node_of.get(replica))
         return rec.match(hashes) * self.block_chars if rec else 0
 
     def matched_chars(self, prompt: str, replica: Hashable, scope: str = "") -> int:

@@ -174,7 +174,7 @@ def test_a_dead_replicas_conversation_goes_to_its_node_where_the_disk_holds_it()
         router.update_replicas([b, c])  # a died; n1's disk keeps what it saved
         ranks = await router.choose_replicas([b, c], gen(turn + " assistant: an answer. user: next"))
         assert names(ranks) == [["b"], ["c"]]  # b restores it from n1's disk; c, less loaded, would prefill it
-        # Serve without node ids (a stand-in without them): no node records, load decides
+        # replicas whose node Serve does not know: no node records, load decides
         plain = await new_router(StandIn("a"), StandIn("b", ongoing=1), min_match_chars=128, node_chars=1 << 20)
         assert plain.prefix.node_of == {}
 
