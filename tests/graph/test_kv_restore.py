@@ -11,24 +11,12 @@ import signal
 import tempfile
 import time
 
-import httpx
 import pytest
 
+from tests.support.preamble_chat import ask_after_preamble
 from tests.support.serve_harness import MODEL, POOL, SHAPES, ServeCluster, load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-PREAMBLE = ("You are a careful assistant for a shipping company. " * 20 + "Tools: track(id), refund(id), "
-            "address(id). Always answer in one sentence. " * 10)  # ~400 tokens: past kv_cache.min_tokens
-
-
-def ask(cluster, question: str) -> dict:
-    r = httpx.post(f"{cluster.url}/v1/chat/completions", headers=cluster.headers, timeout=120, json={
-        "model": MODEL, "max_tokens": 8, "temperature": 0,
-        "messages": [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": question}]})
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]
-
 
 def tiers(cluster) -> dict:
     return cluster.model_stats(MODEL)["kv_tiers"]["tiers"]
@@ -53,13 +41,13 @@ def model_pid(cluster) -> int:
 
 
 def test_a_replaced_model_replica_restores_the_preamble_from_disk(cluster):
-    first = ask(cluster, "Where is parcel 17?")
+    first = ask_after_preamble(cluster, "Where is parcel 17?")
     preamble = first["prompt_tokens"] - 20
     wait_for(lambda: tiers(cluster)["disk"]["saves"] >= 1, "the preamble saved to the node's disk")
     old = model_pid(cluster)
     os.kill(old, signal.SIGKILL)  # graph: the LlamaModel replica; single: the Ingress that holds the engine
     wait_for(lambda: cluster.healthy() and model_pid(cluster) != old, "a replacement serving")
-    usage = ask(cluster, "Can I get a refund for order 5?")
+    usage = ask_after_preamble(cluster, "Can I get a refund for order 5?")
     assert usage["prompt_tokens_details"]["cached_tokens"] >= preamble, usage
     assert tiers(cluster)["disk"]["hits"] == 1
 
@@ -76,12 +64,12 @@ def test_another_node_restores_the_preamble_from_the_clusters_store(shape):
     store = f"file://{tempfile.mkdtemp(prefix='llamaray-kv-store-')}"
     with ServeCluster(small_config(shape, store), num_cpus=2 if shape == "single" else 4,
                       serve_local=shape == "single") as first:
-        usage = ask(first, "Where is parcel 17?")
+        usage = ask_after_preamble(first, "Where is parcel 17?")
         wait_for(lambda: tiers(first)["cluster"]["saves"] >= 1, "the preamble saved to the cluster's store")
     with ServeCluster(small_config(shape, store), num_cpus=2 if shape == "single" else 4,
                       serve_local=shape == "single") as second:  # another node: a KV folder of its own
         assert tiers(second)["disk"]["entries"] == 0
-        again = ask(second, "What is the address of order 9?")
+        again = ask_after_preamble(second, "What is the address of order 9?")
         assert again["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 20, again
         stats = tiers(second)
         assert stats["cluster"]["hits"] == 1 and stats["disk"]["hits"] == 0

@@ -11,42 +11,22 @@ import httpx
 import pytest
 
 from app.config.spec import deployment_name
+from tests.support.preamble_chat import ask_after_preamble
 from tests.support.prometheus import series, total
-from tests.support.serve_harness import APP, MODEL, POOL, ServeCluster, free_port, load_config
+from tests.support.serve_harness import APP, MODEL, ServeCluster, free_port, load_config, ray_nodes
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-PREAMBLE = ("You are a careful assistant for a shipping company. " * 20 + "Tools: track(id), refund(id), "
-            "address(id). Always answer in one sentence. " * 10)  # ~400 tokens: past kv_cache.min_tokens
 DEPLOYMENT = deployment_name(MODEL)
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    from ray.cluster_utils import Cluster
-
-    POOL.release()  # one Ray per process
     folders = {name: tmp_path_factory.mktemp(f"kv-{name}") for name in ("node_a", "node_b")}
     ports = {name: free_port() for name in folders}
-    cluster = Cluster()
-    try:
-        for name, folder in folders.items():
-            extra = {"_system_config": {"metrics_report_interval_ms": 500}} if name == "node_a" else {}
-            cluster.add_node(num_cpus=2, resources={name: 1}, include_dashboard=False, metrics_export_port=ports[name],
-                             env_vars={"LLAMARAY_KV_CACHE": str(folder)}, **extra)
-        cluster.wait_for_nodes()
+    with ray_nodes({name: {"LLAMARAY_KV_CACHE": str(folder)} for name, folder in folders.items()}, ports) as cluster:
         yield cluster, folders, ports
-    finally:
-        cluster.shutdown()
-
-
-def ask(serve: ServeCluster, question: str) -> dict:
-    r = httpx.post(f"{serve.url}/v1/chat/completions", headers=serve.headers, timeout=180, json={
-        "model": MODEL, "max_tokens": 8, "temperature": 0,
-        "messages": [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": question}]})
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]
 
 
 def model_replicas() -> dict[str, str]:
@@ -89,7 +69,7 @@ def test_a_replaced_replica_gets_its_conversation_back_and_restores_it_from_its_
     with ServeCluster(config, address=cluster.address) as serve:
         before = wait_for(lambda: two_live(), 120)
         assert before and {node_ids[n] for n in before.values()} == {"node_a", "node_b"}, before
-        first = ask(serve, "Where is parcel 17?")
+        first = ask_after_preamble(serve, "Where is parcel 17?", timeout=180)
         preamble = first["prompt_tokens"] - 20
         saved = wait_for(lambda: [n for n, f in folders.items() if any(f.rglob("*.kv"))], 120)
         assert saved and len(saved) == 1, [sorted(map(str, f.rglob("*"))) for f in folders.values()]  # the preamble on one node's disk: the other replica never saw it
@@ -102,7 +82,7 @@ def test_a_replaced_replica_gets_its_conversation_back_and_restores_it_from_its_
         assert [node_ids[n] for n in replacement.values()] == saved, replacement
         assert wait_for(lambda: serve.replicas(DEPLOYMENT).get("RUNNING") == 2 and serve.healthy(), 180)
 
-        again = ask(serve, "Can I get a refund for order 5?")
+        again = ask_after_preamble(serve, "Can I get a refund for order 5?", timeout=180)
         assert again["prompt_tokens_details"]["cached_tokens"] >= preamble, again
         assert wait_for(lambda: node_decisions(ports) >= 1, 30), [
             ln for port in ports.values() for ln in series(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text,

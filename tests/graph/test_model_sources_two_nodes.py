@@ -10,7 +10,7 @@ import pytest
 from app.config.paths import resolve_path
 from app.config.spec import deployment_name
 from tests.support.fake_hub import FILE, REPO, FakeHub
-from tests.support.serve_harness import BUNDLED, MODEL, POOL, ServeCluster, load_config
+from tests.support.serve_harness import BUNDLED, MODEL, ServeCluster, load_config, ray_nodes
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -18,21 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    from ray.cluster_utils import Cluster
-
-    POOL.release()  # one Ray per process
     caches = {name: tmp_path_factory.mktemp(f"cache-{name}") for name in ("node_a", "node_b")}
-    with FakeHub({REPO: {FILE: resolve_path(BUNDLED)}}) as hub:
-        cluster = Cluster()
-        try:
-            for name, cache in caches.items():
-                # `resources` tells the nodes apart; `env_vars` is each node's own environment.
-                cluster.add_node(num_cpus=2, resources={name: 1}, include_dashboard=False,
-                                 env_vars={"LLAMARAY_MODEL_CACHE": str(cache), "HF_ENDPOINT": hub.url})
-            cluster.wait_for_nodes()
-            yield cluster, caches, hub
-        finally:
-            cluster.shutdown()
+    with FakeHub({REPO: {FILE: resolve_path(BUNDLED)}}) as hub, ray_nodes(
+            {name: {"LLAMARAY_MODEL_CACHE": str(cache), "HF_ENDPOINT": hub.url} for name, cache in caches.items()}
+    ) as cluster:
+        yield cluster, caches, hub
 
 
 def test_each_node_fetches_its_own_copy(two_nodes):

@@ -235,6 +235,30 @@ def start_local_ray(init: Any, attempts: int = 2) -> None:
                 raise
 
 
+@contextlib.contextmanager
+def ray_nodes(envs: dict[str, dict[str, str]], metrics_ports: dict[str, int] | None = None):
+    """Ray nodes on this machine, as a cluster's: one per name of `envs`, 2 CPUs each, told apart by a resource of
+    that name, each with its own environment (`envs[name]`: what differs between real nodes, e.g. their caches);
+    with `metrics_ports`, each exports its metrics on its own port, every half second. A ServeCluster joins them by
+    `address=cluster.address`."""
+    from ray.cluster_utils import Cluster
+
+    POOL.release()  # one Ray per process
+    cluster = Cluster()
+    try:
+        for i, (name, env) in enumerate(envs.items()):
+            extra: dict[str, Any] = {}
+            if metrics_ports:
+                extra["metrics_export_port"] = metrics_ports[name]
+                if i == 0:  # the head's system config is the cluster's
+                    extra["_system_config"] = {"metrics_report_interval_ms": 500}
+            cluster.add_node(num_cpus=2, resources={name: 1}, include_dashboard=False, env_vars=env, **extra)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
 class ServeCluster:
     def __init__(self, config: dict[str, Any], *, num_cpus: float | None = None, num_gpus: int | None = None,
                  timeout_s: float = 240, env: dict[str, str] | None = None, metrics_port: int | None = None,
